@@ -1,0 +1,1 @@
+"""draftyard data plane: Celery app, tasks, supervisor, and the pipeline core in `stages/`."""

