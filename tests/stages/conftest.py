@@ -1,0 +1,63 @@
+"""Fixtures for the pipeline-core tests: real fixtures from ../shared, tiny real models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def shared_fixtures() -> Path:
+    """`../shared/fixtures` beside the checkout (CI clones main with shared/ beside it)."""
+    for cand in (os.environ.get("DRAFTYARD_SHARED_FIXTURES"), REPO.parent / "shared" / "fixtures",
+                 REPO / "shared" / "fixtures"):
+        if cand and Path(cand).is_dir():
+            return Path(cand)
+    pytest.skip("shared fixtures not found beside the checkout")
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    return shared_fixtures()
+
+
+@pytest.fixture(scope="session")
+def templates_dir(fixtures_dir) -> Path:
+    return fixtures_dir / "chat_templates"
+
+
+@pytest.fixture(scope="session")
+def datasets_dir(fixtures_dir) -> Path:
+    return fixtures_dir / "datasets"
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory) -> Path:
+    """A random tiny Qwen3 target with the real Qwen3 tokenizer and chat template."""
+    from workers.stages.tinymodel import build_tiny_target
+
+    return build_tiny_target(tmp_path_factory.mktemp("tiny_qwen3"), arch="qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_target_q35(tmp_path_factory, templates_dir) -> Path:
+    """A random tiny Qwen3.5-hybrid target carrying the Qwen3.6 chat template."""
+    from workers.stages.tinymodel import build_tiny_target
+
+    tmpl = (templates_dir / "qwen3_6.jinja").read_text()
+    return build_tiny_target(tmp_path_factory.mktemp("tiny_qwen35"), arch="qwen3_5",
+                             chat_template=tmpl)
+
+
+def target_input(model_dir: Path, **overrides) -> dict:
+    """The resolved `target` input a stage receives for a model directory."""
+    import json
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    t = {"path": str(model_dir), "tokenizer_path": str(model_dir), "chat_template": None,
+         "chat_template_kwargs": {}, "config": cfg}
+    t.update(overrides)
+    return t
