@@ -29,18 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Bumped by a stage when its output for the same inputs and params changes; part of the
-# reuse fingerprint (ARCHITECTURE.md "Storage").
-STAGE_VERSIONS: dict[str, int] = {
-    "probe": 1,
-    "ingest": 1,
-    "mix": 1,
-    "generate": 1,
-    "prepare": 1,
-    "extract": 1,
-    "train": 1,
-    "evaluate": 1,
-}
 
 
 class StageError(Exception):

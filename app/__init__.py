@@ -1,0 +1,1 @@
+"""draftyard control plane: HTTP API, DB models, services, scheduler policy, CLI. Never imports torch or workers/."""

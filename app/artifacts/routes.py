@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import FileResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.auth import Principal, current_user
+from app.core.db import request_session
+from app.core.errors import NotFound
+from app.core.pagination import Page, list_body, page_params, paginate
+from app.models import Artifact
+
+router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
+DB = Depends(request_session, scope="function")
+
+
+def artifact_read(a: Artifact) -> dict:
+    return {"id": a.id, "kind": a.kind, "uri": a.uri, "bytes": a.bytes, "files": a.files,
+            "created_at": a.created_at, "producer_job": a.producer_job, "inputs": a.inputs,
+            "meta": a.meta}
+
+
+def _get(session: Session, art_id: str) -> Artifact:
+    a = session.get(Artifact, art_id)
+    if a is None:
+        raise NotFound(f"artifact {art_id} not found", param="id")
+    return a
+
+
+@router.get("")
+def list_artifacts(kind: str | None = None, job_id: str | None = None,
+                   page: Page = Depends(page_params), user: Principal = Depends(current_user),
+                   session: Session = DB):
+    stmt = select(Artifact)
+    if kind:
+        stmt = stmt.where(Artifact.kind == kind)
+    if job_id:
+        stmt = stmt.where(Artifact.producer_job == job_id)
+    rows, more, nxt = paginate(session, stmt, Artifact.id, page)
+    return list_body([artifact_read(a) for a in rows], more, nxt)
+
+
+@router.get("/{art_id}")
+def get_artifact(art_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    return artifact_read(_get(session, art_id))
+
+
+@router.get("/{art_id}/files/{path:path}")
+def get_file(art_id: str, path: str, user: Principal = Depends(current_user), session: Session = DB):
+    a = _get(session, art_id)
+    root = Path(a.uri).resolve()
+    f = (root / path).resolve()
+    if not f.is_relative_to(root) or not f.is_file():
+        raise NotFound(f"artifact {art_id} has no file {path!r}", param="path")
+    return FileResponse(f)

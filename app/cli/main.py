@@ -1,0 +1,209 @@
+"""`draftyard`: run the service (up, server, worker) and talk to it (submit, jobs, show, logs,
+cancel, retry, queue, nodes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from typing import Optional
+
+import typer
+
+from app.cli.client import ApiFailure, Client
+from app.cli.view import console, follow_jobs, jobs_table
+
+cli = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="draftyard: train speculative-decoding drafters as a shared service")
+
+
+def _client() -> Client:
+    return Client()
+
+
+def _fail(e: ApiFailure) -> None:
+    console.print(f"[red]error[/red] {e}")
+    raise typer.Exit(1)
+
+
+# ---- running the service ------------------------------------------------------------------
+
+@cli.command()
+def up(host: str = "127.0.0.1", port: int = 8000,
+       gpus: Optional[str] = typer.Option(None, help="declare GPUs for the embedded worker")):
+    """Embedded mode: API and one worker, SQLite and a serverless broker under $DRAFTYARD_HOME."""
+    from app.cli.serve import run_embedded
+
+    run_embedded(host, port, gpus)
+
+
+@cli.command()
+def server(host: str = "0.0.0.0", port: int = 8000, workers: int = 1,
+           migrate: bool = typer.Option(False, help="apply migrations before starting")):
+    """Production API (PostgreSQL + Redis named by DRAFTYARD_DATABASE_URL / BROKER_URL)."""
+    from app.cli.serve import run_server
+
+    run_server(host, port, workers, migrate)
+
+
+@cli.command()
+def worker(node: str = typer.Option("local", help="this box's node name"),
+           gpus: Optional[str] = typer.Option(None, help="declare GPU indices, e.g. 0,1,2,3"),
+           concurrency: Optional[int] = None):
+    """One worker per GPU box (runs `python -m workers`)."""
+    argv = [sys.executable, "-m", "workers", "--node", node]
+    if gpus is not None:
+        argv += ["--gpus", gpus]
+    if concurrency:
+        argv += ["--concurrency", str(concurrency)]
+    os.execv(sys.executable, argv)
+
+
+@cli.command()
+def migrate():
+    """Apply database migrations."""
+    from app.core.config import get_settings
+    from app.core.migrate import upgrade_head
+
+    upgrade_head(get_settings().db_url)
+    console.print("migrations applied")
+
+
+@cli.command()
+def demo(json_out: bool = typer.Option(False, "--json", help="end with a JSON summary line"),
+         quick: bool = typer.Option(False, help="a shorter variant (tests)"),
+         keep: bool = typer.Option(False, help="keep the service running afterwards")):
+    """The whole pipeline on a tiny target, end to end, through the HTTP API."""
+    from app.cli.demo import run_demo
+
+    raise typer.Exit(run_demo(json_out=json_out, quick=quick, keep=keep))
+
+
+# ---- client commands ----------------------------------------------------------------------
+
+@cli.command()
+def submit(type: str = typer.Argument(..., help="probe|ingest|generate|prepare|extract|train|evaluate"),  # noqa: A002
+           params: str = typer.Option("{}", help="JSON params"),
+           inputs: str = typer.Option("{}", help="JSON inputs"),
+           gpus: int = 0, priority: int = 50, name: Optional[str] = None,
+           follow: bool = typer.Option(False, "-f", "--follow", help="show a live progress bar")):
+    """Submit a job."""
+    c = _client()
+    try:
+        body = {"type": type, "params": json.loads(params), "inputs": json.loads(inputs),
+                "gpus": gpus, "priority": priority}
+    except json.JSONDecodeError as e:
+        console.print(f"[red]error[/red] --params/--inputs is not JSON: {e}")
+        raise typer.Exit(2) from e
+    if name:
+        body["name"] = name
+    try:
+        job = c.post("/v1/jobs", body)
+    except ApiFailure as e:
+        _fail(e)
+    console.print(f"submitted [bold]{job['id']}[/bold] ({job['status']})")
+    if follow:
+        final = follow_jobs(c, [job["id"]])[0]
+        _print_final(final)
+
+
+def _print_final(job: dict) -> None:
+    color = {"succeeded": "green", "failed": "red"}.get(job["status"], "yellow")
+    console.print(f"{job['id']}: [{color}]{job['status']}[/{color}]")
+    if job.get("error"):
+        console.print(f"  {job['error'].get('code')}: {job['error'].get('message')}")
+    if job.get("outputs"):
+        console.print(f"  outputs: {', '.join(job['outputs'])}")
+
+
+@cli.command()
+def jobs(status: Optional[str] = None, type: Optional[str] = None, owner: Optional[str] = None,  # noqa: A002
+         limit: int = 20):
+    """List jobs."""
+    try:
+        page = _client().get("/v1/jobs", status=status, type=type, owner=owner, limit=limit)
+    except ApiFailure as e:
+        _fail(e)
+    console.print(jobs_table(page["data"]))
+
+
+@cli.command()
+def show(job_id: str):
+    """Show one job as JSON."""
+    try:
+        console.print_json(json.dumps(_client().get(f"/v1/jobs/{job_id}")))
+    except ApiFailure as e:
+        _fail(e)
+
+
+@cli.command()
+def logs(job_id: str, follow: bool = typer.Option(False, "-f", "--follow"),
+         tail: Optional[int] = None):
+    """Print (or follow) a job's log."""
+    c = _client()
+    try:
+        if follow:
+            for chunk in c.stream_lines(f"/v1/jobs/{job_id}/logs", follow="true",
+                                        **({"tail": tail} if tail else {})):
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+        else:
+            sys.stdout.write(c.get(f"/v1/jobs/{job_id}/logs", tail=tail))
+    except ApiFailure as e:
+        _fail(e)
+
+
+@cli.command()
+def cancel(job_id: str):
+    """Cancel a job."""
+    try:
+        _print_final(_client().post(f"/v1/jobs/{job_id}/cancel"))
+    except ApiFailure as e:
+        _fail(e)
+
+
+@cli.command()
+def retry(job_id: str):
+    """Retry a failed or cancelled job (resumes from its checkpoint where the stage has one)."""
+    try:
+        _print_final(_client().post(f"/v1/jobs/{job_id}/retry"))
+    except ApiFailure as e:
+        _fail(e)
+
+
+@cli.command()
+def queue():
+    """The shared queue: running and waiting jobs, per-user usage."""
+    try:
+        q = _client().get("/v1/queue")
+    except ApiFailure as e:
+        _fail(e)
+    console.print(jobs_table(q["running"], "running"))
+    console.print(jobs_table(q["waiting"], "waiting (in order)"))
+    for u in q["users"]:
+        console.print(f"  {u['name'] or u['id']}: {u['gpus_held']} GPUs held, "
+                      f"{u['gpu_hours_24h']:.2f} GPU-h in 24 h, {u['waiting']} waiting")
+
+
+@cli.command()
+def nodes():
+    """Worker nodes and their GPUs."""
+    try:
+        for n in _client().get("/v1/nodes")["data"]:
+            state = "alive" if n["alive"] else "lost"
+            state += ", draining" if n["draining"] else ""
+            console.print(f"[bold]{n['name']}[/bold] ({state}) last heartbeat {n['last_heartbeat']}")
+            for g in n["gpus"]:
+                console.print(f"  gpu {g['index']}: {g['name']} -> {g['job_id'] or 'free'}")
+    except ApiFailure as e:
+        _fail(e)
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()
+

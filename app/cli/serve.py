@@ -1,0 +1,63 @@
+"""Starting the service: embedded (`draftyard up`) and production (`draftyard server`)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+
+import uvicorn
+
+from app.cli.view import console
+from app.core.config import get_settings
+
+
+def bootstrap(migrate: bool = True) -> None:
+    """Migrate (embedded) and create the first admin on an empty DB."""
+    from app.core.db import unit_of_work
+    from app.core.migrate import upgrade_head
+    from app.users.service import ensure_admin
+
+    s = get_settings()
+    s.home.mkdir(parents=True, exist_ok=True)
+    if migrate:
+        upgrade_head(s.db_url)
+    with unit_of_work() as sess:
+        if ensure_admin(sess, s.home):
+            console.print(f"created the admin user; token in {s.home / 'admin_token'}")
+
+
+def start_worker(node: str = "local", gpus: str | None = None) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "workers", "--node", node]
+    if gpus:
+        argv += ["--gpus", gpus]
+    s = get_settings()
+    log = open(s.home / "worker.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _stop() -> None:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(proc.pid, signal.SIGKILL)
+    atexit.register(_stop)
+    return proc
+
+
+def run_embedded(host: str, port: int, gpus: str | None) -> None:
+    s = get_settings()
+    console.print(f"draftyard embedded: home {s.home}, database {s.db_url}")
+    bootstrap(migrate=True)
+    start_worker("local", gpus)
+    console.print(f"API on http://{host}:{port} (ready when GET /readyz answers 200)")
+    uvicorn.run("app.main:create_app", factory=True, host=host, port=port, log_level="warning")
+
+
+def run_server(host: str, port: int, workers: int, migrate: bool) -> None:
+    bootstrap(migrate=migrate)
+    uvicorn.run("app.main:create_app", factory=True, host=host, port=port, workers=workers,
+                log_level="warning")

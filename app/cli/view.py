@@ -1,0 +1,54 @@
+"""Rendering for the CLI: tables and live progress bars."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console()
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def jobs_table(jobs: list[dict], title: str = "jobs") -> Table:
+    t = Table(title=title)
+    for c in ("id", "type", "status", "owner", "gpus", "progress", "reason / error"):
+        t.add_column(c)
+    for j in jobs:
+        p = j.get("progress") or {}
+        prog = (f"{p.get('done', 0):g}/{p.get('total') or '?'} {p.get('unit') or ''}"
+                if p else "")
+        why = (j.get("error") or {}).get("message") or j.get("pending_reason") or ""
+        gpus = ",".join(f"{g['node']}:{g['index']}" for g in j.get("gpus_assigned") or []) or str(
+            j.get("gpus_requested", 0))
+        t.add_row(j["id"], j["type"], j["status"], str(j.get("owner")), gpus, prog, why[:80])
+    return t
+
+
+def follow_jobs(client, job_ids: list[str], labels: dict[str, str] | None = None,
+                poll: float = 0.5) -> list[dict]:
+    """Live progress bars for jobs until all are finished; returns their final objects."""
+    labels = labels or {}
+    with Progress(TextColumn("{task.description:<28}"), BarColumn(), TaskProgressColumn(),
+                  TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                  console=console, transient=False) as prog:
+        tasks = {j: prog.add_task(labels.get(j, j), total=None, info="") for j in job_ids}
+        while True:
+            jobs = [client.get(f"/v1/jobs/{j}") for j in job_ids]
+            for job in jobs:
+                p = job.get("progress") or {}
+                total = p.get("total")
+                rate = p.get("rate")
+                info = job["status"]
+                if p.get("unit"):
+                    info += f" {p.get('done', 0):g}/{total or '?'} {p['unit']}"
+                if rate:
+                    info += f" {rate:.1f}/s"
+                if job["status"] == "succeeded" and not total:
+                    total, p = 1, {"done": 1}
+                prog.update(tasks[job["id"]], total=total, completed=p.get("done") or 0, info=info)
+            if all(j["status"] in TERMINAL for j in jobs):
+                return jobs
+            time.sleep(poll)

@@ -1,0 +1,106 @@
+"""Bearer tokens per user (stored hashed), roles admin/member."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+from fastapi import Depends, Request
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.db import request_session
+from app.core.errors import Forbidden, Unauthorized
+from app.core.ids import new_id
+from app.models import Token, User
+
+TOKEN_PREFIX = "dy_"
+
+
+@dataclass(frozen=True)
+class Principal:
+    id: str
+    name: str
+    role: str
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+
+def hash_token(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def issue_token(session: Session, user: User) -> tuple[Token, str]:
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    tok = Token(id=new_id("tok"), user_id=user.id, hash=hash_token(secret))
+    session.add(tok)
+    session.flush()
+    return tok, secret
+
+
+class _TokenCache:
+    """A short-lived cache of token -> principal: a read-heavy API should not pay a DB
+    lookup per request. Revocation takes effect within `ttl` seconds."""
+
+    def __init__(self, ttl: float = 5.0):
+        self.ttl = ttl
+        self._d: dict[str, tuple[float, Principal]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, h: str) -> Principal | None:
+        v = self._d.get(h)
+        if v and v[0] > time.monotonic():
+            return v[1]
+        return None
+
+    def put(self, h: str, p: Principal) -> None:
+        with self._lock:
+            if len(self._d) > 10_000:
+                self._d.clear()
+            self._d[h] = (time.monotonic() + self.ttl, p)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+
+
+token_cache = _TokenCache()
+
+
+def lookup(session: Session, secret: str) -> Principal | None:
+    h = hash_token(secret)
+    p = token_cache.get(h)
+    if p:
+        return p
+    row = session.execute(
+        select(User.id, User.name, User.role).join(Token, Token.user_id == User.id)
+        .where(Token.hash == h, Token.revoked_at.is_(None))).first()
+    if row is None:
+        return None
+    p = Principal(row.id, row.name, row.role)
+    token_cache.put(h, p)
+    return p
+
+
+def current_user(request: Request, session: Session = Depends(request_session, scope="function")) -> Principal:
+    header = request.headers.get("authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'",
+                           code="missing_token")
+    p = lookup(session, secret.strip())
+    if p is None:
+        raise Unauthorized("the token is not valid (unknown or revoked)", code="invalid_token")
+    request.state.user = p
+    return p
+
+
+def require_admin(user: Principal = Depends(current_user)) -> Principal:
+    if not user.is_admin:
+        raise Forbidden("this action needs an admin token", code="admin_only")
+    return user

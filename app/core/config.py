@@ -1,0 +1,77 @@
+"""Settings from the environment (`DRAFTYARD_` prefix; names in API.md "Running it")."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DRAFTYARD_", extra="ignore")
+
+    home: Path = Field(default_factory=lambda: Path.home() / ".draftyard")
+    # Empty means embedded: SQLite under home and a broker that needs no server.
+    database_url: str = ""
+    broker_url: str = ""
+    data_roots: str = ""   # ':'-separated folders the server may read datasets from
+    model_roots: str = ""  # ':'-separated folders the server may read models from
+    max_upload_bytes: int = 2 * 1024**3
+    env: str = "development"  # "production" refuses the embedded defaults
+    # Scheduler and worker timing. Heartbeats every few seconds; a job or node silent for
+    # `stale_after_s` is reaped (issue 10 asks for requeue within 60 s).
+    heartbeat_s: float = 2.0
+    stale_after_s: float = 20.0
+    cancel_grace_s: float = 10.0
+    max_attempts: int = 3
+    user_gpu_quota: int = 0  # 0 = no per-user quota
+    # A big job may be passed by smaller ones only for this long (aging bound).
+    backfill_bound_s: float = 300.0
+    cpu_slots: int = 2  # concurrent CPU (gpus=0) jobs per node
+    log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _production_is_explicit(self) -> "Settings":
+        if self.env == "production" and (not self.database_url or not self.broker_url):
+            raise ValueError("DRAFTYARD_ENV=production needs DRAFTYARD_DATABASE_URL and "
+                             "DRAFTYARD_BROKER_URL (embedded SQLite is for one machine)")
+        return self
+
+    @property
+    def embedded(self) -> bool:
+        return not self.database_url
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'draftyard.db'}"
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.home / "broker"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.home / "artifacts"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.home / "jobs"
+
+    @property
+    def uploads_dir(self) -> Path:
+        return self.home / "uploads"
+
+    def roots(self, which: str) -> list[Path]:
+        raw = self.data_roots if which == "data" else self.model_roots
+        return [Path(p).resolve() for p in raw.split(":") if p.strip()]
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

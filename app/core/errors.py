@@ -1,0 +1,123 @@
+"""Domain errors that carry their HTTP status, and the one handler that renders them as
+`{"error": {"code", "message", "param", "details"}}` (API.md "Conventions")."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import ORJSONResponse
+from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("draftyard.api")
+
+
+class ApiError(Exception):
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None,
+                 details: Any = None, status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.details = details
+        if code:
+            self.code = code
+        if status:
+            self.status = status
+
+
+class BadRequest(ApiError):
+    status, code = 400, "bad_request"
+
+
+class Unauthorized(ApiError):
+    status, code = 401, "unauthorized"
+
+
+class Forbidden(ApiError):
+    status, code = 403, "forbidden"
+
+
+class NotFound(ApiError):
+    status, code = 404, "not_found"
+
+
+class Conflict(ApiError):
+    status, code = 409, "conflict"
+
+
+class TooLarge(ApiError):
+    status, code = 413, "payload_too_large"
+
+
+class Invalid(ApiError):
+    status, code = 422, "invalid_spec"
+
+
+class Unavailable(ApiError):
+    status, code = 503, "unavailable"
+
+
+def error_body(code: str, message: str, param: str | None = None, details: Any = None) -> dict:
+    return {"error": {"code": code, "message": message, "param": param, "details": details}}
+
+
+def _loc_to_param(loc: tuple) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or None
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_req: Request, exc: ApiError):
+        return ORJSONResponse(error_body(exc.code, exc.message, exc.param, exc.details),
+                              status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError):
+        errs = exc.errors()
+        # A body that is not JSON at all is a 400; JSON of the wrong shape is a 422.
+        if any(e.get("type") in ("json_invalid", "json_type") for e in errs):
+            e = errs[0]
+            return ORJSONResponse(error_body("malformed_json", f"request body is not valid JSON: "
+                                             f"{e.get('msg')}", None,
+                                             {"position": e.get("ctx", {}).get("error")}),
+                                  status_code=400)
+        first = errs[0]
+        param = _loc_to_param(tuple(first.get("loc", ())))
+        msg = first.get("msg", "invalid")
+        if first.get("type") == "extra_forbidden":
+            msg = f"unknown field '{param}'"
+        elif first.get("type") == "missing":
+            msg = f"field '{param}' is required"
+        else:
+            msg = f"{param}: {msg}" if param else msg
+        details = [{"param": _loc_to_param(tuple(e.get("loc", ()))), "message": e.get("msg"),
+                    "type": e.get("type")} for e in errs]
+        return ORJSONResponse(error_body("invalid_spec", msg, param, details), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(
+            exc.status_code, "http_error")
+        return ORJSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(OperationalError)
+    async def _db_down(_req: Request, exc: OperationalError):
+        log.warning("database unavailable: %s", exc)
+        return ORJSONResponse(error_body("database_unavailable",
+                                         "the database is not reachable; try again"),
+                              status_code=503)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, exc: Exception):
+        # Never a traceback to the user; the log keeps it with the request id.
+        log.exception("unhandled error")
+        return ORJSONResponse(error_body("internal_error", "an unexpected error occurred; it "
+                                         "was logged with this request's X-Request-ID"),
+                              status_code=500)

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Header, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.auth import Principal, current_user
+from app.core.config import get_settings
+from app.core.db import request_session
+from app.core.errors import BadRequest, Invalid, TooLarge
+from app.core.idempotency import idempotent
+from app.core.pagination import Page, list_body, page_params, paginate
+from app.datasets import service
+from app.models import Dataset
+
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
+DB = Depends(request_session, scope="function")
+
+
+class DatasetFromPath(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    path: str
+    format: str = "auto"
+
+
+class MixSource(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dataset_id: str
+    weight: float | None = Field(None, gt=0)
+    max_records: int | None = Field(None, ge=1)
+
+
+class MixCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    sources: list[MixSource] = Field(min_length=1)
+    dedupe: bool = True
+    seed: int = 0
+
+
+@router.post("", status_code=201)
+async def create_dataset(request: Request, user: Principal = Depends(current_user),
+                         session: Session = DB):
+    ctype = request.headers.get("content-type", "")
+    if ctype.startswith("multipart/form-data"):
+        cap = get_settings().max_upload_bytes
+        if int(request.headers.get("content-length") or 0) > cap + 1_000_000:
+            raise TooLarge(f"upload exceeds DRAFTYARD_MAX_UPLOAD_BYTES ({cap} bytes)", param="file")
+        form = await request.form(max_part_size=cap + 1)
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise Invalid("multipart field 'file' is required", param="file", code="missing_file")
+        name = str(form.get("name") or upload.filename or "dataset")
+        fmt = str(form.get("format") or "auto")
+        import asyncio
+
+        d = await asyncio.to_thread(service.from_upload, session, user, name, upload.filename,
+                                    upload.file, fmt)
+        return service.dataset_read(d)
+    try:
+        body = DatasetFromPath.model_validate_json(await request.body())
+    except ValidationError as e:
+        err = e.errors()[0]
+        if err["type"] == "json_invalid":
+            raise BadRequest(f"request body is not valid JSON: {err['msg']}",
+                             code="malformed_json") from e
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = f"unknown field '{loc}'" if err["type"] == "extra_forbidden" else f"{loc}: {err['msg']}"
+        raise Invalid(msg, param=loc) from e
+    key = request.headers.get("idempotency-key")
+    return idempotent(session, user, key, body.model_dump(), lambda: service.dataset_read(
+        service.from_path(session, user, body.name, body.path, body.format)))
+
+
+@router.post("/mix", status_code=201)
+def mix(body: MixCreate, user: Principal = Depends(current_user), session: Session = DB,
+        idempotency_key: str | None = Header(None)):
+    return idempotent(session, user, idempotency_key, body.model_dump(),
+                      lambda: service.dataset_read(service.mix(session, user, body)))
+
+
+@router.get("")
+def list_datasets(status: str | None = None, page: Page = Depends(page_params),
+                  user: Principal = Depends(current_user), session: Session = DB):
+    stmt = select(Dataset)
+    if status:
+        stmt = stmt.where(Dataset.status == status)
+    rows, more, nxt = paginate(session, stmt, Dataset.id, page)
+    return list_body([service.dataset_read(d) for d in rows], more, nxt)
+
+
+@router.get("/{ds_id}")
+def get_dataset(ds_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    return service.dataset_read(service.get_dataset(session, ds_id))
+
+
+@router.delete("/{ds_id}", status_code=204)
+def delete_dataset(ds_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    service.delete_dataset(session, user, service.get_dataset(session, ds_id))
+    return Response(status_code=204)

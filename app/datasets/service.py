@@ -1,0 +1,155 @@
+"""Datasets: created by an upload or a server path (an `ingest` job), or by mixing others
+(a `mix` job). The dataset row follows its job."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.auth import Principal
+from app.core.config import get_settings
+from app.core.errors import Conflict, Forbidden, Invalid, NotFound, TooLarge
+from app.core.ids import new_id
+from app.core.paths import resolve_inside
+from app.jobs.schemas import JobCreate, JobType
+from app.jobs.service import create_job
+from app.jobs.states import TERMINAL
+from app.models import Artifact, Dataset, Job
+
+FORMATS = ("auto", "openai", "sharegpt", "alpaca", "openorca", "oasst", "ultrachat", "magicoder",
+           "evol_codealpaca", "prompt")
+SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".parquet", ".gz", ".zst")
+
+
+def _check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise Invalid(f"format {fmt!r} is not supported; one of: {', '.join(FORMATS)}",
+                      param="format", code="unknown_format")
+    return fmt
+
+
+def _new(session: Session, user: Principal, name: str, source: dict, fmt: str | None) -> Dataset:
+    ds = Dataset(id=new_id("ds"), name=name, owner_id=user.id, status="ingesting",
+                 source=source, format=None if fmt in (None, "auto") else fmt)
+    session.add(ds)
+    session.flush()
+    return ds
+
+
+def _start_ingest(session: Session, user: Principal, ds: Dataset, path: Path, fmt: str) -> Dataset:
+    job = create_job(session, user, JobCreate(
+        type=JobType.ingest, name=f"ingest {ds.name}",
+        inputs={"source": {"path": str(path), "name": ds.name}},
+        params={"format": fmt, "dataset_name": ds.name}))
+    ds.job_id = job.id
+    return ds
+
+
+def from_path(session: Session, user: Principal, name: str, raw_path: str, fmt: str) -> Dataset:
+    s = get_settings()
+    path = resolve_inside(raw_path, s.roots("data"), what="data", param="path",
+                          env="DRAFTYARD_DATA_ROOTS")
+    if not path.is_file():
+        raise Invalid(f"path: {raw_path} is not a file", param="path", code="not_a_file")
+    ds = _new(session, user, name, {"path": str(path)}, _check_format(fmt))
+    return _start_ingest(session, user, ds, path, fmt)
+
+
+def from_upload(session: Session, user: Principal, name: str, filename: str, fileobj,
+                fmt: str) -> Dataset:
+    s = get_settings()
+    _check_format(fmt)
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(filename or "upload.jsonl").name)[-120:]
+    if not safe.endswith(SUFFIXES):
+        raise Invalid(f"file {filename!r}: unsupported file type; use one of "
+                      f"{', '.join(SUFFIXES[:6])}", param="file", code="unsupported_file")
+    ds = _new(session, user, name, {"upload": filename}, fmt)
+    dest_dir = s.uploads_dir / ds.id
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / safe
+    written = 0
+    try:
+        with open(dest, "wb") as out:
+            while chunk := fileobj.read(1 << 20):
+                written += len(chunk)
+                if written > s.max_upload_bytes:
+                    raise TooLarge(f"upload exceeds DRAFTYARD_MAX_UPLOAD_BYTES "
+                                   f"({s.max_upload_bytes} bytes)", param="file")
+                out.write(chunk)
+    except BaseException:
+        shutil.rmtree(dest_dir, ignore_errors=True)  # nothing half-written stays behind
+        raise
+    if written == 0:
+        shutil.rmtree(dest_dir, ignore_errors=True)
+        raise Invalid("file: the upload is empty", param="file", code="empty_file")
+    return _start_ingest(session, user, ds, dest, fmt)
+
+
+def mix(session: Session, user: Principal, body) -> Dataset:
+    for i, src in enumerate(body.sources):
+        d = session.get(Dataset, src.dataset_id)
+        if d is None:
+            raise Invalid(f"sources[{i}].dataset_id: {src.dataset_id} not found",
+                          param=f"sources.{i}.dataset_id", code="unknown_input")
+        if d.status == "failed":
+            raise Conflict(f"sources[{i}]: dataset {d.id} failed to ingest", code="dataset_failed",
+                           param=f"sources.{i}.dataset_id")
+    ds = _new(session, user, body.name, {"mix": [s.model_dump() for s in body.sources]}, None)
+    job = create_job(session, user, JobCreate(
+        type=JobType.mix, name=f"mix {body.name}",
+        inputs={"sources": [s.model_dump(exclude_none=True) for s in body.sources]},
+        params={"dedupe": body.dedupe, "seed": body.seed, "dataset_name": body.name}))
+    ds.job_id = job.id
+    return ds
+
+
+def on_ingest_finished(session: Session, job: Job) -> None:
+    ds = session.scalar(select(Dataset).where(Dataset.job_id == job.id))
+    if ds is None:
+        return
+    if job.status == "succeeded" and job.outputs:
+        art = session.get(Artifact, job.outputs[0])
+        m = art.meta or {}
+        ds.status, ds.artifact_id = "ready", art.id
+        ds.format = m.get("format", ds.format or ("mix" if job.type == "mix" else None))
+        ds.num_records = m.get("num_records")
+        ds.num_rejected = m.get("num_rejected", 0)
+        ds.rejected_sample = m.get("rejected_sample", [])
+        ds.stats = m.get("stats", {})
+        ds.error = None
+    elif job.status in ("failed", "cancelled"):
+        ds.status = "failed"
+        ds.error = {k: v for k, v in (job.error or {}).items() if k in ("code", "message", "details")}
+    elif job.status in ("queued", "pending"):
+        ds.status = "ingesting"
+
+
+def get_dataset(session: Session, ds_id: str) -> Dataset:
+    d = session.get(Dataset, ds_id)
+    if d is None:
+        raise NotFound(f"dataset {ds_id} not found", param="id")
+    return d
+
+
+def delete_dataset(session: Session, user: Principal, d: Dataset) -> None:
+    if not (user.is_admin or d.owner_id == user.id):
+        raise Forbidden(f"only the owner of {d.id} or an admin may delete it", code="not_owner")
+    active = [j.id for j in session.scalars(select(Job).where(Job.status.notin_([t.value for t in TERMINAL])))
+              if d.id in json.dumps(j.inputs) or j.id == d.job_id]
+    if active:
+        raise Conflict(f"dataset {d.id} is used by active jobs: {', '.join(active[:5])}",
+                       code="dataset_in_use", details={"jobs": active})
+    session.delete(d)
+
+
+def dataset_read(d: Dataset) -> dict:
+    return {"id": d.id, "name": d.name, "status": d.status, "format": d.format,
+            "num_records": d.num_records, "num_rejected": d.num_rejected,
+            "rejected_sample": d.rejected_sample or [], "stats": d.stats or {},
+            "artifact_id": d.artifact_id, "job_id": d.job_id, "source": d.source,
+            "error": d.error, "created_at": d.created_at, "owner": d.owner_id}

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import ORJSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from app.core.auth import Principal, current_user
+from app.core.broker import ping_broker
+from app.core.db import get_engine
+from app.core.errors import error_body
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz():
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz():
+    def check():
+        problems = {}
+        try:
+            with get_engine().connect() as c:
+                c.execute(text("SELECT 1"))
+        except Exception as e:  # noqa: BLE001
+            problems["database"] = str(e).splitlines()[0][:200]
+        try:
+            ping_broker()
+        except Exception as e:  # noqa: BLE001
+            problems["broker"] = str(e).splitlines()[0][:200]
+        return problems
+    problems = await asyncio.to_thread(check)
+    if problems:
+        return ORJSONResponse(error_body("not_ready", "dependencies unreachable: " +
+                                         ", ".join(problems), None, problems), status_code=503)
+    return {"status": "ready"}
+
+
+@router.get("/metrics")
+def metrics(user: Principal = Depends(current_user)):
+    from app.core.metrics import refresh
+
+    refresh()
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,99 @@
+"""Resolve a job's input references (ids and `{"job": ...}`) to concrete artifacts and targets.
+
+Used by the scheduler (reuse fingerprints) and by the worker (the stage's spec)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+from sqlalchemy.orm import Session
+
+from app.jobs import catalog
+from app.models import Artifact, Dataset, Job, Target
+
+
+class Unresolved(Exception):
+    """An input is not available (yet, or any more)."""
+
+
+def target_dict(t: Target) -> dict:
+    return {"kind": "target", "id": t.id, "path": t.path, "tokenizer_path": t.tokenizer_path,
+            "chat_template": t.chat_template, "chat_template_kwargs": t.chat_template_kwargs or {},
+            "config": t.config or {}}
+
+
+def artifact_dict(a: Artifact) -> dict:
+    return {"kind": a.kind, "id": a.id, "path": a.uri, "meta": a.meta or {}}
+
+
+def _one(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
+    if isinstance(ref, dict) and "dataset_id" in ref:  # a mix source carries its own options
+        base = _one(session, ref["dataset_id"], kinds)
+        return {**base, **{k: v for k, v in ref.items() if k != "dataset_id"},
+                "dataset_id": ref["dataset_id"]}
+    if isinstance(ref, dict) and "artifact" in ref:
+        ref = ref["artifact"]
+    if isinstance(ref, str) and ref.startswith("job_"):
+        ref = {"job": ref}
+    if isinstance(ref, dict) and "job" in ref:
+        job = session.get(Job, ref["job"])
+        if job is None or job.status != "succeeded":
+            raise Unresolved(f"job {ref['job']} has not succeeded")
+        arts = [session.get(Artifact, a) for a in job.outputs]
+        arts = [a for a in arts if a is not None]
+        want = ref.get("output")
+        for a in arts:
+            if (want and a.meta.get("name") == want) or (not want and a.kind in kinds):
+                return artifact_dict(a)
+        raise Unresolved(f"job {job.id} produced no {'/'.join(kinds)} artifact")
+    if isinstance(ref, str) and ref.startswith("tgt_"):
+        t = session.get(Target, ref)
+        if t is None:
+            raise Unresolved(f"target {ref} not found")
+        return target_dict(t)
+    if isinstance(ref, str) and ref.startswith("ds_"):
+        d = session.get(Dataset, ref)
+        if d is None or d.artifact_id is None:
+            raise Unresolved(f"dataset {ref} is not ready")
+        a = session.get(Artifact, d.artifact_id)
+        return {**artifact_dict(a), "dataset_id": d.id, "name": d.name}
+    if isinstance(ref, str) and ref.startswith("art_"):
+        a = session.get(Artifact, ref)
+        if a is None:
+            raise Unresolved(f"artifact {ref} not found")
+        return artifact_dict(a)
+    raise Unresolved(f"cannot resolve input {ref!r}")
+
+
+def resolve(session: Session, job: Job) -> dict[str, Any]:
+    allowed = catalog.INPUTS[job.type]
+    out: dict[str, Any] = {}
+    for name, ref in (job.inputs or {}).items():
+        if job.type == "ingest":
+            out[name] = ref
+            continue
+        kinds = allowed.get(name, ())
+        out[name] = ([_one(session, r, kinds) for r in ref] if isinstance(ref, list)
+                     else _one(session, ref, kinds))
+    return out
+
+
+def fingerprint(job: Job, resolved: dict[str, Any]) -> str:
+    """type + input artifact ids + params + stage version (ARCHITECTURE.md "Storage")."""
+
+    def ident(v: Any) -> Any:
+        if isinstance(v, list):
+            return [ident(x) for x in v]
+        if isinstance(v, dict) and "id" in v:
+            extra = {k: v[k] for k in ("weight", "max_records") if k in v}
+            if v.get("kind") == "target":  # a target is its files and its template
+                extra.update(path=v["path"], tmpl=v.get("chat_template"),
+                             kw=v.get("chat_template_kwargs"))
+            return {"id": v["id"], **extra}
+        return v
+
+    body = {"type": job.type, "inputs": {k: ident(v) for k, v in resolved.items()},
+            "params": job.params, "version": catalog.STAGE_VERSIONS.get(job.type, 1)}
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()

@@ -1,0 +1,45 @@
+"""Typed params per job type, checked at submit so a bad spec is a 422 that names the field
+before anything is queued. The stage re-validates (it can run alone from a shell)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.core.errors import Invalid
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProbeParams(_Params):
+    sleep_s: float = Field(0.0, ge=0, le=86400)
+    fail: bool = False
+    steps: int = Field(10, ge=1, le=100000)
+
+
+class _Open(BaseModel):
+    """Types whose params the stage validates in full; checked here only for shape."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+PARAMS: dict[str, type[BaseModel]] = {
+    "probe": ProbeParams,
+}
+
+
+def validate_params(type_: str, params: dict[str, Any]) -> dict[str, Any]:
+    model = PARAMS.get(type_, _Open)
+    try:
+        return model.model_validate(params).model_dump(mode="json", exclude_unset=model is _Open)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        msg = (f"unknown field 'params.{loc}' for a {type_} job"
+               if err.get("type") == "extra_forbidden" else f"params.{loc}: {err.get('msg')}")
+        raise Invalid(msg, param=f"params.{loc}",
+                      details=[{"param": "params." + ".".join(str(p) for p in x.get("loc", ())),
+                                "message": x.get("msg")} for x in e.errors()]) from e

@@ -1,0 +1,129 @@
+"""/v1/jobs: thin handlers over app.jobs.service."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import ORJSONResponse, PlainTextResponse, StreamingResponse
+from sqlalchemy.orm import Session
+from sse_starlette.sse import EventSourceResponse
+
+from app.core.auth import Principal, current_user
+from app.core.db import request_session, unit_of_work
+from app.core.idempotency import idempotent
+from app.core.pagination import Page, list_body, page_params
+from app.jobs import logs, service
+from app.jobs.params import validate_params
+from app.jobs.render import job_read, jobs_read
+from app.jobs.schemas import JobCreate, PriorityUpdate
+from app.jobs.states import TERMINAL
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+DB = Depends(request_session, scope="function")
+
+
+@router.post("", status_code=201)
+def create_job(body: JobCreate, user: Principal = Depends(current_user), session: Session = DB,
+               idempotency_key: str | None = Header(None)):
+    def make():
+        job = service.create_job(session, user, body, validate_params=validate_params)
+        return job_read(job)
+    return idempotent(session, user, idempotency_key, body.model_dump(mode="json"), make)
+
+
+@router.get("")
+def list_jobs(status: str | None = None, type: str | None = None, owner: str | None = None,  # noqa: A002
+              run_id: str | None = None, page: Page = Depends(page_params),
+              user: Principal = Depends(current_user), session: Session = DB):
+    rows, more, nxt = service.list_jobs(session, page, status=status, type_=type, owner=owner,
+                                        run_id=run_id)
+    return ORJSONResponse(list_body(jobs_read(session, rows), more, nxt))
+
+
+@router.get("/{job_id}")
+def get_job(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    return ORJSONResponse(jobs_read(session, [service.get_job(session, job_id)])[0],
+                          headers={"Cache-Control": "no-store"})
+
+
+@router.post("/{job_id}/cancel")
+def cancel_job(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    return job_read(service.cancel_job(session, user, service.get_job(session, job_id)))
+
+
+@router.post("/{job_id}/retry")
+def retry_job(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    return job_read(service.retry_job(session, user, service.get_job(session, job_id)))
+
+
+@router.post("/{job_id}/priority")
+def set_priority(job_id: str, body: PriorityUpdate, user: Principal = Depends(current_user),
+                 session: Session = DB):
+    return job_read(service.set_priority(session, user, service.get_job(session, job_id),
+                                         body.priority))
+
+
+@router.post("/{job_id}/hold")
+def hold(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    return job_read(service.set_hold(session, user, service.get_job(session, job_id), True))
+
+
+@router.post("/{job_id}/release")
+def release(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    return job_read(service.set_hold(session, user, service.get_job(session, job_id), False))
+
+
+def _event_dict(ev) -> dict:
+    return {"seq": ev.id, "at": ev.at, "kind": ev.kind, "data": ev.data}
+
+
+@router.get("/{job_id}/events")
+def job_events(job_id: str, request: Request, after_seq: int = Query(0, ge=0),
+               limit: int = Query(1000, ge=1, le=10000),
+               last_event_id: str | None = Header(None),
+               user: Principal = Depends(current_user), session: Session = DB):
+    service.get_job(session, job_id)
+    if "text/event-stream" not in request.headers.get("accept", ""):
+        return ORJSONResponse({"data": [_event_dict(e) for e in
+                                        service.events(session, job_id, after_seq, limit)]})
+    start = after_seq
+    if last_event_id and last_event_id.isdigit():
+        start = max(start, int(last_event_id))
+    return EventSourceResponse(_stream_events(job_id, start, request), ping=15)
+
+
+async def _stream_events(job_id: str, after: int, request: Request):
+    import orjson
+
+    while True:
+        def poll():
+            with unit_of_work() as s:
+                evs = service.events(s, job_id, after, 500)
+                done = service.get_job(s, job_id).status in TERMINAL
+                return [_event_dict(e) for e in evs], done
+        evs, done = await asyncio.to_thread(poll)
+        for e in evs:
+            after = e["seq"]
+            yield {"id": str(e["seq"]), "event": e["kind"],
+                   "data": orjson.dumps(e, default=str).decode()}
+        if done and not evs:
+            return
+        if await request.is_disconnected():
+            return
+        await asyncio.sleep(0.3)
+
+
+@router.get("/{job_id}/logs")
+def job_logs(job_id: str, request: Request, tail: int | None = Query(None, ge=1, le=100000),
+             follow: bool = False, user: Principal = Depends(current_user), session: Session = DB):
+    service.get_job(session, job_id)
+    if not follow:
+        return PlainTextResponse(logs.read_tail(job_id, tail))
+    return StreamingResponse(logs.follow(job_id, tail, request), media_type="text/plain")
+
+
+@router.get("/{job_id}/metrics")
+def job_metrics(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    service.get_job(session, job_id)
+    return ORJSONResponse(service.metrics(session, job_id))

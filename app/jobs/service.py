@@ -1,0 +1,289 @@
+"""Job rules: creation with input checks, the state machine, cancel, retry, events."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from app.core.auth import Principal
+from app.core.db import after_commit, utcnow
+from app.core.errors import Conflict, Forbidden, Invalid, NotFound
+from app.core.ids import new_id
+from app.core.pagination import Page, paginate
+from app.jobs import catalog
+from app.jobs.schemas import JobCreate
+from app.jobs.states import TERMINAL, IllegalTransition, JobStatus, check
+from app.models import Artifact, Dataset, Gpu, Job, JobEvent, Target, User
+
+S = JobStatus
+
+
+# ---- events and transitions -------------------------------------------------------------
+
+def add_event(session: Session, job_id: str, kind: str, data: dict) -> None:
+    session.add(JobEvent(job_id=job_id, kind=kind, data=data))
+
+
+def transition(session: Session, job: Job, new: S, *, reason: str | None = None,
+               **fields: Any) -> None:
+    """Move `job` to `new` (checked), set fields, and record a status event."""
+    try:
+        check(job.status, new)
+    except IllegalTransition as e:
+        raise Conflict(f"job {job.id} is {job.status}; it cannot become {new}",
+                       code="illegal_transition", details={"status": job.status}) from e
+    old = job.status
+    job.status = new.value
+    now = utcnow()
+    if new == S.queued:
+        job.queued_at = job.queued_at or now
+    if new in TERMINAL:
+        job.finished_at = now
+        job.pending_reason = None
+        job.queue_position = None
+    for k, v in fields.items():
+        setattr(job, k, v)
+    data = {"from": old, "to": new.value}
+    if reason:
+        data["reason"] = reason
+    add_event(session, job.id, "status", data)
+
+
+def cas_status(session: Session, job_id: str, old: S, new: S, **fields: Any) -> bool:
+    """Compare-and-set: change status only if it is still `old` (duplicate deliveries, races
+    with cancel). Returns whether this caller won."""
+    check(old, new)
+    res = session.execute(update(Job).where(Job.id == job_id, Job.status == old.value)
+                          .values(status=new.value, **fields))
+    if res.rowcount != 1:
+        return False
+    add_event(session, job_id, "status", {"from": old.value, "to": new.value})
+    return True
+
+
+# ---- creation ---------------------------------------------------------------------------
+
+def _ref_exists(session: Session, ref: Any, name: str, kinds: tuple[str, ...]) -> str | None:
+    """Check one input reference; return the job id it depends on, if any."""
+    if isinstance(ref, dict) and set(ref) <= {"job", "output"} and "job" in ref:
+        dep = session.get(Job, ref["job"])
+        if dep is None:
+            raise Invalid(f"inputs.{name}: job {ref['job']} does not exist", param=f"inputs.{name}",
+                          code="unknown_input")
+        return dep.id
+    if isinstance(ref, dict) and "artifact" in ref:
+        ref = ref["artifact"]
+    if not isinstance(ref, str):
+        raise Invalid(f"inputs.{name}: expected an id (ds_, art_, tgt_) or {{\"job\": \"job_...\"}}",
+                      param=f"inputs.{name}", code="invalid_input")
+    if ref.startswith("tgt_") and "target" in kinds:
+        ok = session.get(Target, ref) is not None
+    elif ref.startswith("ds_") and "dataset" in kinds:
+        ds = session.get(Dataset, ref)
+        ok = ds is not None
+        if ds is not None and ds.status == "failed":
+            raise Invalid(f"inputs.{name}: dataset {ref} failed to ingest", param=f"inputs.{name}",
+                          code="dataset_failed")
+        if ds is not None and ds.artifact_id is None and ds.job_id:
+            return ds.job_id  # still ingesting: wait for it
+    elif ref.startswith("art_"):
+        art = session.get(Artifact, ref)
+        ok = art is not None
+        if art is not None and art.kind not in kinds:
+            raise Invalid(f"inputs.{name}: {ref} is a {art.kind} artifact; expected "
+                          f"{' or '.join(kinds)}", param=f"inputs.{name}", code="wrong_input_kind")
+    elif ref.startswith("job_"):
+        return _ref_exists(session, {"job": ref}, name, kinds)
+    else:
+        raise Invalid(f"inputs.{name}: {ref!r} is not a valid reference for {'/'.join(kinds)}",
+                      param=f"inputs.{name}", code="invalid_input")
+    if not ok:
+        raise Invalid(f"inputs.{name}: {ref} does not exist", param=f"inputs.{name}",
+                      code="unknown_input")
+    return None
+
+
+def check_inputs(session: Session, type_: str, inputs: dict) -> list[str]:
+    allowed = catalog.INPUTS[type_]
+    for req in catalog.REQUIRED[type_]:
+        if req not in inputs:
+            raise Invalid(f"a {type_} job needs inputs.{req}", param=f"inputs.{req}",
+                          code="missing_input")
+    deps: list[str] = []
+    for name, ref in inputs.items():
+        if name not in allowed:
+            raise Invalid(f"unknown input '{name}' for a {type_} job; allowed: "
+                          f"{', '.join(allowed) or 'none'}", param=f"inputs.{name}",
+                          code="unknown_input")
+        if type_ == "ingest":
+            continue
+        refs = ref if isinstance(ref, list) else [ref]
+        for r in refs:
+            if isinstance(r, dict) and "dataset_id" in r:  # mix sources
+                r = r["dataset_id"]
+            dep = _ref_exists(session, r, name, allowed[name])
+            if dep and dep not in deps:
+                deps.append(dep)
+    return deps
+
+
+def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: str | None = None,
+               run_stage: str | None = None, validate_params=None) -> Job:
+    from app.core.config import get_settings
+
+    if body.priority > 80 and not user.is_admin:
+        raise Forbidden("priority above 80 is for admins", param="priority", code="priority_admin_only")
+    if validate_params is not None:
+        body.params = validate_params(body.type.value, body.params)
+    deps = check_inputs(session, body.type.value, body.inputs)
+    job = Job(id=new_id("job"), type=body.type.value, name=body.name, owner_id=user.id,
+              status=S.pending.value, priority=body.priority, gpus_requested=body.gpus,
+              inputs=body.inputs, params=body.params, depends_on=deps, force=body.force,
+              run_id=run_id, run_stage=run_stage, max_attempts=get_settings().max_attempts)
+    session.add(job)
+    session.flush()
+    add_event(session, job.id, "status", {"from": None, "to": S.pending.value})
+    if not deps:
+        transition(session, job, S.queued)
+    nudge_after_commit(session)
+    return job
+
+
+def nudge_after_commit(session: Session) -> None:
+    from app.scheduler.nudge import nudge
+
+    if not session.info.get("_nudge_registered"):
+        session.info["_nudge_registered"] = True
+        after_commit(session, nudge)
+
+
+# ---- reads ------------------------------------------------------------------------------
+
+def get_job(session: Session, job_id: str) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found", param="id")
+    return job
+
+
+def list_jobs(session: Session, page: Page, *, status: str | None = None, type_: str | None = None,
+              owner: str | None = None, run_id: str | None = None):
+    stmt = select(Job)
+    if status:
+        stmt = stmt.where(Job.status.in_(status.split(",")))
+    if type_:
+        stmt = stmt.where(Job.type == type_)
+    if owner:
+        uid = owner if owner.startswith("usr_") else session.scalar(
+            select(User.id).where(User.name == owner))
+        stmt = stmt.where(Job.owner_id == uid)
+    if run_id:
+        stmt = stmt.where(Job.run_id == run_id)
+    return paginate(session, stmt, Job.id, page)
+
+
+def gpus_of(session: Session, job_ids: list[str]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    if not job_ids:
+        return out
+    for g in session.execute(select(Gpu.job_id, Gpu.node, Gpu.index)
+                             .where(Gpu.job_id.in_(job_ids)).order_by(Gpu.node, Gpu.index)):
+        out.setdefault(g.job_id, []).append({"node": g.node, "index": g.index})
+    return out
+
+
+def events(session: Session, job_id: str, after_seq: int = 0, limit: int = 1000) -> list[JobEvent]:
+    return list(session.scalars(select(JobEvent).where(JobEvent.job_id == job_id,
+                                                       JobEvent.id > after_seq)
+                                .order_by(JobEvent.id).limit(limit)))
+
+
+def metrics(session: Session, job_id: str) -> dict[str, list]:
+    series: dict[str, list] = {}
+    for ev in session.scalars(select(JobEvent).where(JobEvent.job_id == job_id,
+                                                     JobEvent.kind == "metric")
+                              .order_by(JobEvent.id)):
+        step = ev.data.get("step")
+        for k, v in ev.data.items():
+            if k != "step" and isinstance(v, (int, float)):
+                series.setdefault(k, []).append([step, v])
+    return series
+
+
+# ---- actions ----------------------------------------------------------------------------
+
+def _may_act(user: Principal, job: Job) -> None:
+    if not (user.is_admin or job.owner_id == user.id):
+        raise Forbidden(f"only the owner of {job.id} or an admin may do this", code="not_owner")
+
+
+def cancel_job(session: Session, user: Principal, job: Job, *, check_owner: bool = True) -> Job:
+    if check_owner:
+        _may_act(user, job)
+    st = S(job.status)
+    if st in (S.cancelling, S.cancelled):
+        return job  # idempotent
+    if st in (S.succeeded, S.failed):
+        raise Conflict(f"job {job.id} already {st.value}; nothing to cancel",
+                       code="job_finished", details={"status": st.value})
+    if st == S.running:
+        transition(session, job, S.cancelling, reason=f"cancelled by {user.name}")
+    else:
+        # pending/queued/dispatched: nothing runs yet; a dispatched task finds nothing to claim.
+        transition(session, job, S.cancelled, reason=f"cancelled by {user.name}",
+                   error={"code": "cancelled", "message": f"cancelled by {user.name}"})
+        release_gpus(session, job.id)
+        nudge_after_commit(session)
+    return job
+
+
+def retry_job(session: Session, user: Principal, job: Job) -> Job:
+    _may_act(user, job)
+    if job.status not in (S.failed.value, S.cancelled.value):
+        raise Conflict(f"job {job.id} is {job.status}; only failed or cancelled jobs can be "
+                       "retried", code="not_retryable", details={"status": job.status})
+    waiting = [d for d in job.depends_on if session.get(Job, d).status != S.succeeded.value]
+    transition(session, job, S.pending if waiting else S.queued, reason=f"retry by {user.name}",
+               attempt=job.attempt + 1, error=None, finished_at=None, started_at=None,
+               progress=None, node=None, queued_at=None, heartbeat_at=None)
+    job.max_attempts = max(job.max_attempts, job.attempt + 1)
+    nudge_after_commit(session)
+    return job
+
+
+def release_gpus(session: Session, job_id: str) -> None:
+    from app.models import GpuLease
+
+    now = utcnow()
+    session.execute(update(Gpu).where(Gpu.job_id == job_id).values(job_id=None))
+    session.execute(update(GpuLease).where(GpuLease.job_id == job_id, GpuLease.end_at.is_(None))
+                    .values(end_at=now))
+
+
+def set_priority(session: Session, user: Principal, job: Job, priority: int) -> Job:
+    if not user.is_admin:
+        raise Forbidden("changing priority is an admin action", code="admin_only")
+    job.priority = priority
+    add_event(session, job.id, "status", {"priority": priority, "by": user.name})
+    nudge_after_commit(session)
+    return job
+
+
+def set_hold(session: Session, user: Principal, job: Job, held: bool) -> Job:
+    _may_act(user, job)
+    if job.status not in (S.pending.value, S.queued.value):
+        raise Conflict(f"job {job.id} is {job.status}; only waiting jobs can be held or released",
+                       code="not_waiting")
+    job.held = held
+    add_event(session, job.id, "status", {"held": held, "by": user.name})
+    nudge_after_commit(session)
+    return job
+
+
+def elapsed(a: datetime | None, b: datetime | None) -> float | None:
+    if not a or not b:
+        return None
+    return (b - a).total_seconds()

@@ -1,0 +1,31 @@
+"""The FastAPI app factory."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI
+from fastapi.responses import ORJSONResponse
+
+from app.core.errors import install_handlers
+from app.core.middleware import RequestIdMiddleware
+
+
+def create_app() -> FastAPI:
+    from app.artifacts.routes import router as artifacts
+    from app.cluster.routes import router as cluster
+    from app.datasets.routes import router as datasets
+    from app.health.routes import router as health
+    from app.jobs.routes import router as jobs
+    from app.plans.routes import router as plans
+    from app.runs.routes import router as runs
+    from app.targets.routes import router as targets
+    from app.users.routes import router as users
+
+    app = FastAPI(title="draftyard", version="0.1.0", default_response_class=ORJSONResponse)
+    install_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
+    for r in (health, users, jobs, cluster, targets, datasets, artifacts, runs, plans):
+        app.include_router(r)
+    logging.getLogger("draftyard").setLevel(logging.INFO)
+    return app

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.auth import Principal, current_user
+from app.core.db import request_session
+from app.core.idempotency import idempotent
+from app.core.pagination import Page, list_body, page_params, paginate
+from app.models import Target
+from app.targets import service
+
+router = APIRouter(prefix="/v1/targets", tags=["targets"])
+DB = Depends(request_session, scope="function")
+
+
+class TargetCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    path: str
+    tokenizer_path: str | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+@router.post("", status_code=201)
+def create_target(body: TargetCreate, user: Principal = Depends(current_user),
+                  session: Session = DB, idempotency_key: str | None = Header(None)):
+    return idempotent(session, user, idempotency_key, body.model_dump(),
+                      lambda: service.target_read(service.create_target(session, user, body)))
+
+
+@router.get("")
+def list_targets(page: Page = Depends(page_params), user: Principal = Depends(current_user),
+                 session: Session = DB):
+    rows, more, nxt = paginate(session, select(Target), Target.id, page)
+    return list_body([service.target_read(t) for t in rows], more, nxt)
+
+
+@router.get("/{target_id}")
+def get_target(target_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    return service.target_read(service.get_target(session, target_id))

@@ -1,0 +1,89 @@
+"""Targets: model directories inside the model roots, described from their config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jinja2 import TemplateSyntaxError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from sqlalchemy.orm import Session
+
+from app.core.auth import Principal
+from app.core.config import get_settings
+from app.core.errors import Invalid, NotFound
+from app.core.ids import new_id
+from app.core.paths import resolve_inside
+from app.models import Target
+
+
+def check_template(text: str, param: str = "chat_template") -> None:
+    """Compile a chat template the way transformers does; a syntax error is a 422 with its line."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    try:
+        env.parse(text)
+    except TemplateSyntaxError as e:
+        raise Invalid(f"{param} does not compile: {e.message} (line {e.lineno})", param=param,
+                      code="template_error", details={"line": e.lineno, "error": e.message}) from e
+
+
+def read_config(model_dir: Path) -> dict:
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.is_file():
+        raise Invalid(f"path: {model_dir} has no config.json (not a transformers model folder)",
+                      param="path", code="not_a_model")
+    try:
+        return json.loads(cfg_path.read_text())
+    except (ValueError, OSError) as e:
+        raise Invalid(f"path: {cfg_path} is not valid JSON: {e}", param="path",
+                      code="not_a_model") from e
+
+
+def has_template(tok_dir: Path) -> bool:
+    if (tok_dir / "chat_template.jinja").is_file() or (tok_dir / "chat_template.json").is_file():
+        return True
+    tc = tok_dir / "tokenizer_config.json"
+    try:
+        return bool(tc.is_file() and json.loads(tc.read_text()).get("chat_template"))
+    except ValueError:
+        return False
+
+
+def create_target(session: Session, user: Principal, body) -> Target:
+    s = get_settings()
+    roots = s.roots("model")
+    path = resolve_inside(body.path, roots, what="model", param="path", env="DRAFTYARD_MODEL_ROOTS")
+    tok = (resolve_inside(body.tokenizer_path, roots, what="model", param="tokenizer_path",
+                          env="DRAFTYARD_MODEL_ROOTS") if body.tokenizer_path else path)
+    cfg = read_config(path)
+    text_cfg = cfg.get("text_config") or cfg
+    if body.chat_template is not None:
+        check_template(body.chat_template)
+    t = Target(id=new_id("tgt"), name=body.name, owner_id=user.id, path=str(path),
+               tokenizer_path=str(tok), chat_template=body.chat_template,
+               chat_template_kwargs=body.chat_template_kwargs or {},
+               architecture=(cfg.get("architectures") or [cfg.get("model_type")])[0],
+               hidden_size=text_cfg.get("hidden_size"),
+               num_layers=text_cfg.get("num_hidden_layers"),
+               vocab_size=text_cfg.get("vocab_size"),
+               has_chat_template=body.chat_template is not None or has_template(tok),
+               config=cfg)
+    session.add(t)
+    session.flush()
+    return t
+
+
+def get_target(session: Session, target_id: str) -> Target:
+    t = session.get(Target, target_id)
+    if t is None:
+        raise NotFound(f"target {target_id} not found", param="id")
+    return t
+
+
+def target_read(t: Target) -> dict:
+    return {"id": t.id, "name": t.name, "owner": t.owner_id, "path": t.path,
+            "tokenizer_path": t.tokenizer_path, "chat_template": t.chat_template,
+            "chat_template_kwargs": t.chat_template_kwargs, "architecture": t.architecture,
+            "hidden_size": t.hidden_size, "num_layers": t.num_layers, "vocab_size": t.vocab_size,
+            "has_chat_template": t.has_chat_template, "created_at": t.created_at}

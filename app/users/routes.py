@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from enum import StrEnum
+
+from fastapi import APIRouter, Depends, Response
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
+
+from app.core.auth import Principal, current_user, require_admin
+from app.core.db import request_session
+from app.users import service
+
+router = APIRouter(prefix="/v1", tags=["users"])
+DB = Depends(request_session, scope="function")
+
+
+class Role(StrEnum):
+    admin = "admin"
+    member = "member"
+
+
+class UserCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.@-]+$")
+    role: Role = Role.member
+
+
+@router.post("/users", status_code=201)
+def create_user(body: UserCreate, admin: Principal = Depends(require_admin), session: Session = DB):
+    user, secret = service.create_user(session, body.name, body.role.value)
+    return {"id": user.id, "name": user.name, "role": user.role, "created_at": user.created_at,
+            "token": secret}
+
+
+@router.get("/users/me")
+def me(user: Principal = Depends(current_user)):
+    return {"id": user.id, "name": user.name, "role": user.role}
+
+
+@router.post("/users/{user_id}/tokens", status_code=201)
+def create_token(user_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    tok, secret = service.new_token(session, user, user_id)
+    return {"id": tok.id, "user_id": tok.user_id, "token": secret, "created_at": tok.created_at}
+
+
+@router.delete("/tokens/{token_id}", status_code=204)
+def delete_token(token_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    service.revoke_token(session, user, token_id)
+    return Response(status_code=204)

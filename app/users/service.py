@@ -1,0 +1,61 @@
+"""Users and tokens. The first admin is created by `draftyard up`/`server` on an empty DB."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.core.auth import Principal, issue_token, token_cache
+from app.core.db import utcnow
+from app.core.errors import Conflict, Forbidden, NotFound
+from app.core.ids import new_id
+from app.models import Token, User
+
+
+def create_user(session: Session, name: str, role: str) -> tuple[User, str]:
+    if session.scalar(select(User.id).where(User.name == name)):
+        raise Conflict(f"a user named {name!r} already exists", param="name", code="name_taken")
+    user = User(id=new_id("usr"), name=name, role=role)
+    session.add(user)
+    try:
+        session.flush()
+    except IntegrityError as e:
+        raise Conflict(f"a user named {name!r} already exists", param="name",
+                       code="name_taken") from e
+    _, secret = issue_token(session, user)
+    return user, secret
+
+
+def new_token(session: Session, actor: Principal, user_id: str) -> tuple[Token, str]:
+    if not (actor.is_admin or actor.id == user_id):
+        raise Forbidden("only an admin or the user may create tokens", code="admin_only")
+    user = session.get(User, user_id)
+    if user is None:
+        raise NotFound(f"user {user_id} not found", param="id")
+    return issue_token(session, user)
+
+
+def revoke_token(session: Session, actor: Principal, token_id: str) -> None:
+    tok = session.get(Token, token_id)
+    if tok is None or not (actor.is_admin or tok.user_id == actor.id):
+        raise NotFound(f"token {token_id} not found", param="id")
+    tok.revoked_at = utcnow()
+    token_cache.clear()
+
+
+def ensure_admin(session: Session, home: Path) -> str | None:
+    """Create the first admin and write its token to $DRAFTYARD_HOME/admin_token (0600)."""
+    if session.scalar(select(User.id).where(User.role == "admin").limit(1)):
+        return None
+    _, secret = create_user(session, "admin", "admin")
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "admin_token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secret + "\n")
+    os.chmod(path, 0o600)
+    return secret

@@ -1,0 +1,232 @@
+"""Service test harness: a fresh PostgreSQL database built by the migrations, a Redis DB, a real
+uvicorn API process and real worker processes (Celery) against them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PG_ADMIN = os.environ.get("DRAFTYARD_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_BASE = os.environ.get("DRAFTYARD_TEST_REDIS", "redis://127.0.0.1:6379")
+
+# One database and one Redis DB per test session, set before app settings are first read.
+_DBNAME = f"dy_test_{uuid.uuid4().hex[:10]}"
+_HOME = Path(tempfile.mkdtemp(prefix="draftyard-test-"))
+TEST_ENV = {
+    "DRAFTYARD_DATABASE_URL": PG_ADMIN.rsplit("/", 1)[0] + f"/{_DBNAME}",
+    "DRAFTYARD_BROKER_URL": f"{REDIS_BASE}/{(os.getpid() % 14) + 1}",
+    "DRAFTYARD_HOME": str(_HOME),
+    "DRAFTYARD_HEARTBEAT_S": "0.5",
+    "DRAFTYARD_STALE_AFTER_S": "6",
+    "DRAFTYARD_CANCEL_GRACE_S": "2",
+    "DRAFTYARD_DATA_ROOTS": str(_HOME / "data"),
+    "DRAFTYARD_MODEL_ROOTS": str(_HOME / "models"),
+    "OMP_NUM_THREADS": "1",
+}
+os.environ.update(TEST_ENV)
+(_HOME / "data").mkdir(parents=True, exist_ok=True)
+(_HOME / "models").mkdir(parents=True, exist_ok=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _admin_engine():
+    from sqlalchemy import create_engine
+
+    return create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+
+
+@pytest.fixture(scope="session")
+def database():
+    """Create the test database and build its schema by running the migrations."""
+    from sqlalchemy import text
+
+    eng = _admin_engine()
+    with eng.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{_DBNAME}"'))
+    from app.core.migrate import upgrade_head
+
+    upgrade_head(TEST_ENV["DRAFTYARD_DATABASE_URL"])
+    import redis
+
+    redis.Redis.from_url(TEST_ENV["DRAFTYARD_BROKER_URL"]).flushdb()
+    yield TEST_ENV["DRAFTYARD_DATABASE_URL"]
+    from app.core.db import get_engine
+
+    get_engine().dispose()
+    with eng.connect() as c:
+        c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       f"WHERE datname = '{_DBNAME}' AND pid <> pg_backend_pid()"))
+        c.execute(text(f'DROP DATABASE IF EXISTS "{_DBNAME}"'))
+    eng.dispose()
+
+
+@pytest.fixture
+def db(database):
+    """A session in a transaction that is rolled back after the test."""
+    from sqlalchemy.orm import Session
+
+    from app.core.db import get_engine
+
+    conn = get_engine().connect()
+    trans = conn.begin()
+    s = Session(bind=conn, join_transaction_mode="create_savepoint")
+    yield s
+    s.close()
+    trans.rollback()
+    conn.close()
+
+
+class Proc:
+    def __init__(self, argv: list[str], log: Path, env: dict | None = None):
+        self.log = log
+        self.fh = open(log, "ab")  # noqa: SIM115
+        self.p = subprocess.Popen(argv, stdout=self.fh, stderr=subprocess.STDOUT, cwd=REPO,
+                                  env={**os.environ, **(env or {})}, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
+
+    def kill(self, sig=signal.SIGKILL) -> None:
+        try:
+            os.killpg(self.p.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            self.p.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.p.pid, signal.SIGKILL)
+            self.p.wait(5)
+        self.fh.close()
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "".join(self.log.read_text(errors="replace").splitlines(True)[-n:])
+        except OSError:
+            return ""
+
+
+def start_worker(node: str, gpus: str | None = None, env: dict | None = None) -> Proc:
+    argv = [sys.executable, "-m", "workers", "--node", node, "--loglevel", "WARNING"]
+    if gpus is not None:
+        argv += ["--gpus", gpus]
+    return Proc(argv, _HOME / f"worker-{node}-{uuid.uuid4().hex[:6]}.log", env)
+
+
+def wait_for(pred, timeout: float = 30, interval: float = 0.1, what: str = "condition"):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+class Api:
+    def __init__(self, url: str, token: str):
+        self.url = url
+        self.token = token
+        self.c = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                              timeout=30)
+
+    def as_(self, token: str) -> "Api":
+        return Api(self.url, token)
+
+    def get(self, path, **kw):
+        return self.c.get(path, **kw)
+
+    def post(self, path, json=None, **kw):
+        return self.c.post(path, json=json, **kw)
+
+    def delete(self, path, **kw):
+        return self.c.delete(path, **kw)
+
+    def job(self, job_id: str) -> dict:
+        r = self.get(f"/v1/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def wait_job(self, job_id: str, statuses=("succeeded", "failed", "cancelled"),
+                 timeout: float = 60) -> dict:
+        return wait_for(lambda: (j := self.job(job_id))["status"] in statuses and j,
+                        timeout, 0.2, f"{job_id} to reach {statuses}")
+
+    def submit(self, **body) -> dict:
+        r = self.post("/v1/jobs", body)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+
+@pytest.fixture(scope="session")
+def server(database):
+    """A real API process (uvicorn) on the test database."""
+    from app.core.db import unit_of_work
+    from app.users.service import ensure_admin
+
+    with unit_of_work() as s:
+        ensure_admin(s, _HOME)
+    port = free_port()
+    proc = Proc([sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
+                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                _HOME / "api.log")
+    url = f"http://127.0.0.1:{port}"
+
+    def ready():
+        try:
+            return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+    try:
+        wait_for(ready, 60, 0.2, "the API to be ready")
+    except AssertionError:
+        raise AssertionError("API did not start:\n" + proc.tail())
+    yield url
+    proc.kill(signal.SIGTERM)
+
+
+@pytest.fixture(scope="session")
+def api(server) -> Api:
+    return Api(server, (_HOME / "admin_token").read_text().strip())
+
+
+@pytest.fixture(scope="session")
+def worker(server):
+    """One worker process (node `w1`, no GPUs) for the session."""
+    w = start_worker("w1")
+    yield w
+    w.kill(signal.SIGTERM)
+
+
+_user_n = [0]
+
+
+@pytest.fixture
+def member(api) -> Api:
+    _user_n[0] += 1
+    r = api.post("/v1/users", {"name": f"member{_user_n[0]}-{uuid.uuid4().hex[:4]}",
+                               "role": "member"})
+    assert r.status_code == 201, r.text
+    return api.as_(r.json()["token"])
+
+
+@pytest.fixture(scope="session")
+def home() -> Path:
+    return _HOME

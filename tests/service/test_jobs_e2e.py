@@ -1,0 +1,107 @@
+"""A probe job through the real API, Redis broker, Celery worker and a supervised child."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from tests.conftest import wait_for
+
+
+def test_probe_runs_to_success_with_events_log_and_progress(api, worker):
+    job = api.submit(type="probe", params={"sleep_s": 1.0, "steps": 5})
+    assert job["status"] in ("queued", "dispatched", "running")
+    seen = set()
+    progress_points = set()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        j = api.job(job["id"])
+        seen.add(j["status"])
+        if j["progress"]:
+            progress_points.add(j["progress"]["done"])
+        if j["status"] in ("succeeded", "failed"):
+            break
+        time.sleep(0.1)
+    assert j["status"] == "succeeded", j
+    assert "running" in seen
+    assert len(progress_points) >= 2, progress_points  # progress moved while we watched
+    assert j["metrics_summary"]["cuda_visible_devices"] == ""
+    evs = api.get(f"/v1/jobs/{job['id']}/events").json()["data"]
+    statuses = [e["data"]["to"] for e in evs if e["kind"] == "status" and "to" in e["data"]]
+    assert statuses[:1] == ["pending"] and statuses[-1] == "succeeded"
+    assert "queued" in statuses and "running" in statuses
+    assert [e["seq"] for e in evs] == sorted(e["seq"] for e in evs)
+    assert any(e["kind"] == "progress" for e in evs)
+    log = api.get(f"/v1/jobs/{job['id']}/logs", params={"tail": 50}).text
+    assert "probe facts" in log
+    m = api.get(f"/v1/jobs/{job['id']}/metrics").json()
+    assert [p[0] for p in m["tick"]] == [1, 2, 3, 4, 5]
+    # after_seq pages the events
+    later = api.get(f"/v1/jobs/{job['id']}/events", params={"after_seq": evs[2]["seq"]}).json()["data"]
+    assert later[0]["seq"] == evs[3]["seq"]
+
+
+def test_failing_probe_reports_typed_error_and_log_tail(api, worker):
+    job = api.submit(type="probe", params={"fail": True, "steps": 1})
+    j = api.wait_job(job["id"])
+    assert j["status"] == "failed"
+    assert j["error"]["code"] == "probe_failed"
+    assert "probe facts" in j["error"]["log_tail"]
+
+
+def test_cancel_running_probe_kills_group_within_5s(api, worker, home):
+    job = api.submit(type="probe", params={"sleep_s": 60, "steps": 60})
+    api.wait_job(job["id"], ("running",), 30)
+    pid = wait_for(lambda: next((int(e["data"]["message"].rsplit(" ", 1)[1])
+                                 for e in api.get(f"/v1/jobs/{job['id']}/events").json()["data"]
+                                 if e["kind"] == "log" and "pid" in e["data"].get("message", "")),
+                                None), 20, 0.2, "stage pid")
+    t0 = time.time()
+    r = api.post(f"/v1/jobs/{job['id']}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelling"
+    j = api.wait_job(job["id"], ("cancelled",), 5)
+    assert time.time() - t0 < 5
+    assert j["status"] == "cancelled"
+
+    def gone():
+        try:
+            os.killpg(pid, 0)
+            return False
+        except ProcessLookupError:
+            return True
+    wait_for(gone, 3, 0.1, "the stage's process group to be gone")
+    # idempotent on cancelled; 409 on a finished job
+    assert api.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+
+
+def test_sigkill_of_stage_child_fails_job_clearly(api, worker):
+    job = api.submit(type="probe", params={"sleep_s": 60, "steps": 60})
+    api.wait_job(job["id"], ("running",), 30)
+    pid = wait_for(lambda: next((int(e["data"]["message"].rsplit(" ", 1)[1])
+                                 for e in api.get(f"/v1/jobs/{job['id']}/events").json()["data"]
+                                 if e["kind"] == "log" and "pid" in e["data"].get("message", "")),
+                                None), 20, 0.2, "stage pid")
+    os.kill(pid, signal.SIGKILL)
+    j = api.wait_job(job["id"], timeout=15)
+    assert j["status"] == "failed"
+    assert j["error"]["code"] == "stage_killed"
+    assert "SIGKILL" in j["error"]["message"]
+
+
+def test_duplicate_delivery_runs_once(api, worker, home):
+    from app.core.broker import send_run_job
+
+    job = api.submit(type="probe", params={"sleep_s": 0.5, "steps": 2})
+    api.wait_job(job["id"], ("running", "succeeded"), 30)
+    send_run_job(job["id"], "cpu")  # the same message again
+    send_run_job(job["id"], "cpu")
+    j = api.wait_job(job["id"])
+    time.sleep(1.5)
+    assert j["status"] == "succeeded"
+    evs = api.get(f"/v1/jobs/{job['id']}/events").json()["data"]
+    starts = [e for e in evs if e["kind"] == "log" and "stage started" in e["data"]["message"]]
+    assert len(starts) == 1
+    runs = [e for e in evs if e["kind"] == "status" and e["data"].get("to") == "running"]
+    assert len(runs) == 1
+    assert api.job(job["id"])["status"] == "succeeded"

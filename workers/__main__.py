@@ -1,0 +1,24 @@
+"""`python -m workers --node NAME [--gpus 0,1,...]`: one worker per box (what `draftyard worker`
+runs)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="draftyard worker")
+    ap.add_argument("--node", default="local")
+    ap.add_argument("--gpus", default=None, help="declare GPU indices where none can be detected")
+    ap.add_argument("--concurrency", type=int, default=None)
+    ap.add_argument("--loglevel", default="INFO")
+    a = ap.parse_args()
+    logging.basicConfig(level=a.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from workers.node import run_worker
+
+    run_worker(a.node, a.gpus, a.concurrency, a.loglevel)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""The Celery worker entry: `celery -A workers.celery_app worker` (or `draftyard worker`).
+
+Tasks are thin: they take ids and delegate to workers.runner (ARCHITECTURE.md, STYLE.md 4)."""
+
+from __future__ import annotations
+
+import os
+
+from app.core.broker import RUN_JOB, SCHEDULE, celery_app
+
+app = celery_app()
+
+
+def node_name() -> str:
+    return os.environ.get("DRAFTYARD_NODE", "local")
+
+
+@app.task(name=RUN_JOB, ignore_result=True)
+def run_job(job_id: str) -> str:
+    from workers.runner import run_job as _run
+
+    return _run(job_id, node_name())
+
+
+@app.task(name=SCHEDULE, ignore_result=True)
+def schedule() -> None:
+    from app.scheduler.nudge import nudge
+
+    nudge()

@@ -1,0 +1,48 @@
+"""`probe`: report what a node gives a stage (python, torch, CUDA, visible devices, free disk).
+`sleep_s` makes it wait (with progress) and `fail` makes it fail on purpose: for operators
+checking a node, and for tests of the job plumbing."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+import time
+
+from workers.stages.common import StageContext, StageError
+
+
+def run(spec: dict, ctx: StageContext) -> dict:
+    p = spec.get("params") or {}
+    sleep_s = float(p.get("sleep_s", 0) or 0)
+    steps = max(1, int(p.get("steps", 10) or 10))
+    facts: dict = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "pid": os.getpid(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cpu_count": os.cpu_count(),
+        "disk_free_bytes": shutil.disk_usage(ctx.out_dir).free,
+    }
+    try:
+        import torch
+
+        facts["torch"] = torch.__version__
+        facts["cuda"] = torch.version.cuda
+        facts["devices"] = [
+            {"index": i, "name": torch.cuda.get_device_name(i),
+             "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
+            for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    except ImportError:
+        facts["torch"] = None
+    print(f"probe facts: {facts}", flush=True)
+    for i in range(steps):
+        if sleep_s:
+            time.sleep(sleep_s / steps)
+        ctx.progress(i + 1, steps, "steps", stage="probe", force=True)
+        ctx.metric(i + 1, tick=float(i + 1))
+    if p.get("fail"):
+        raise StageError("probe_failed", "the probe was asked to fail (params.fail=true)")
+    return facts

@@ -1,0 +1,177 @@
+"""Runs one stage as a child process in its own process group and turns what it reports into
+job state: events, progress (with rate and ETA), heartbeats, cancel (SIGTERM to the group, then
+SIGKILL after a grace period), and on exit the artifacts and the final status."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.core.config import get_settings
+from app.core.db import unit_of_work, utcnow
+from app.jobs.service import add_event
+from app.models import Job
+
+log = logging.getLogger("draftyard.supervisor")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # The stage dies if the worker thread that started it dies (a SIGKILLed worker must not
+    # leave an orphan stage running beside the retry that the reaper queues).
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+@dataclass
+class _Rate:
+    """Progress rate over a sliding window, for rate and ETA."""
+
+    points: list[tuple[float, float]] = field(default_factory=list)
+
+    def add(self, t: float, done: float) -> float | None:
+        if self.points and done < self.points[-1][1]:
+            self.points.clear()  # a new phase restarted its counter
+        self.points.append((t, done))
+        self.points = [p for p in self.points if t - p[0] <= 30.0] or self.points[-1:]
+        t0, d0 = self.points[0]
+        return (done - d0) / (t - t0) if t > t0 and done > d0 else None
+
+
+@dataclass
+class StageOutcome:
+    returncode: int
+    cancelled: bool
+    error: dict | None
+    result: dict | None
+    artifacts: list[dict]
+
+
+class Supervisor:
+    def __init__(self, job_id: str, stage_type: str, spec_path: Path, job_dir: Path,
+                 events_path: Path, gpus: list[int]):
+        self.job_id = job_id
+        self.type = stage_type
+        self.spec_path = spec_path
+        self.job_dir = job_dir
+        self.events_path = events_path
+        self.gpus = gpus
+        self.settings = get_settings()
+        self._events_pos = 0
+        self._rate = _Rate()
+        self.error: dict | None = None
+        self.result: dict | None = None
+        self.artifacts: list[dict] = []
+        self.proc: subprocess.Popen | None = None
+
+    # -- child process --------------------------------------------------------------------
+    def start(self) -> None:
+        env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.gpus)
+        env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["DRAFTYARD_JOB_ID"] = self.job_id
+        logf = open(self.job_dir / "log.txt", "ab")  # noqa: SIM115 (kept by the child)
+        logf.write(f"--- {utcnow().isoformat()} stage {self.type} starting "
+                   f"(CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})\n".encode())
+        logf.flush()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.stages", self.type, "--spec", str(self.spec_path)],
+            stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            cwd=str(self.job_dir), start_new_session=True, preexec_fn=_die_with_parent)
+        logf.close()
+        with unit_of_work() as s:
+            add_event(s, self.job_id, "log", {"message": f"stage started, pid {self.proc.pid}"})
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    # -- the watch loop -------------------------------------------------------------------
+    def watch(self) -> StageOutcome:
+        assert self.proc is not None
+        last_hb = 0.0
+        cancel_at: float | None = None
+        killed = False
+        while True:
+            rc = self.proc.poll()
+            now = time.monotonic()
+            status = self._pump_events(heartbeat=now - last_hb >= self.settings.heartbeat_s)
+            if now - last_hb >= self.settings.heartbeat_s:
+                last_hb = now
+            if status in ("cancelling", "cancelled") and cancel_at is None:
+                cancel_at = now
+                self._signal_group(signal.SIGTERM)
+            if cancel_at is not None and not killed and now - cancel_at > self.settings.cancel_grace_s:
+                self._signal_group(signal.SIGKILL)
+                killed = True
+            if rc is not None:
+                # Stragglers of the group (a vLLM server, torchrun workers) go with the stage.
+                self._signal_group(signal.SIGKILL)
+                self._pump_events(heartbeat=False)
+                return StageOutcome(rc, cancel_at is not None, self.error, self.result,
+                                    self.artifacts)
+            time.sleep(0.1 if cancel_at else 0.25)
+
+    def _pump_events(self, heartbeat: bool) -> str | None:
+        """Read new event lines into the DB; heartbeat; return the job's current status."""
+        lines: list[dict] = []
+        if self.events_path.exists():
+            with open(self.events_path, "rb") as fh:
+                fh.seek(self._events_pos)
+                chunk = fh.read()
+            end = chunk.rfind(b"\n") + 1  # only whole lines; a partial one waits
+            self._events_pos += end
+            for raw in chunk[:end].splitlines():
+                try:
+                    lines.append(json.loads(raw))
+                except ValueError:
+                    continue
+        if not lines and not heartbeat:
+            with unit_of_work() as s:
+                return s.scalar(Job.__table__.select().with_only_columns(Job.status)
+                                .where(Job.id == self.job_id))
+        with unit_of_work() as s:
+            job = s.get(Job, self.job_id)
+            for ev in lines:
+                self._apply(s, job, ev)
+            job.heartbeat_at = utcnow()
+            return job.status
+
+    def _apply(self, s, job: Job, ev: dict) -> None:
+        kind, data = ev.get("kind"), ev.get("data") or {}
+        if kind == "progress":
+            t = ev.get("at") or time.time()
+            rate = self._rate.add(t, float(data.get("done") or 0))
+            total, done = data.get("total"), data.get("done") or 0
+            eta = (total - done) / rate if rate and total else None
+            job.progress = {**data, "rate": rate, "eta_s": eta}
+            add_event(s, job.id, "progress", job.progress)
+        elif kind in ("metric", "warning", "log"):
+            add_event(s, job.id, kind, data)
+        elif kind == "artifact":
+            self.artifacts.append(data)
+        elif kind == "result":
+            self.result = data
+        elif kind == "error":
+            self.error = data
