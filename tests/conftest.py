@@ -93,11 +93,13 @@ def db(database):
 
 
 class Proc:
-    def __init__(self, argv: list[str], log: Path, env: dict | None = None):
+    def __init__(self, argv: list[str], log: Path, env: dict | None = None,
+                 full_env: dict | None = None):
         self.log = log
         self.fh = open(log, "ab")  # noqa: SIM115
         self.p = subprocess.Popen(argv, stdout=self.fh, stderr=subprocess.STDOUT, cwd=REPO,
-                                  env={**os.environ, **(env or {})}, start_new_session=True)
+                                  env=full_env or {**os.environ, **(env or {})},
+                                  start_new_session=True)
 
     @property
     def pid(self) -> int:

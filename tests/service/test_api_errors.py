@@ -1,0 +1,98 @@
+"""Bad input gets a clear error with the right status; never a 500."""
+
+from __future__ import annotations
+
+import httpx
+
+
+def _err(r: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()["error"]
+    assert set(body) == {"code", "message", "param", "details"}
+    if code:
+        assert body["code"] == code, body
+    assert r.headers.get("x-request-id")
+    return body
+
+
+def test_malformed_json_is_400(api):
+    r = api.c.post("/v1/jobs", content=b'{"type": "probe",', headers={"content-type": "application/json"})
+    _err(r, 400, "malformed_json")
+
+
+def test_unknown_type_is_422_naming_allowed(api):
+    e = _err(api.post("/v1/jobs", {"type": "bake"}), 422, "invalid_spec")
+    assert e["param"] == "type"
+    for t in ("probe", "ingest", "generate", "prepare", "extract", "train", "evaluate"):
+        assert t in e["message"]
+
+
+def test_unknown_field_is_422(api):
+    e = _err(api.post("/v1/jobs", {"type": "probe", "colour": "red"}), 422)
+    assert e["param"] == "colour" and "unknown field" in e["message"]
+    e = _err(api.post("/v1/jobs", {"type": "probe", "params": {"sleeps": 1}}), 422)
+    assert e["param"] == "params.sleeps"
+
+
+def test_missing_input_and_unknown_reference_are_422(api):
+    e = _err(api.post("/v1/jobs", {"type": "prepare", "inputs": {"target": "tgt_nope"}}), 422)
+    assert e["param"] == "inputs.dataset"
+    e = _err(api.post("/v1/jobs", {"type": "prepare",
+                                   "inputs": {"dataset": "ds_nope", "target": "tgt_nope"}}), 422)
+    assert "does not exist" in e["message"]
+
+
+def test_auth_missing_and_wrong_token_are_401(server):
+    _err(httpx.get(f"{server}/v1/jobs"), 401, "missing_token")
+    _err(httpx.get(f"{server}/v1/jobs", headers={"Authorization": "Bearer nope"}), 401,
+         "invalid_token")
+    assert httpx.get(f"{server}/healthz").status_code == 200
+
+
+def test_cancel_other_members_job_is_403_and_finished_is_409(api, member, worker):
+    other = api.post("/v1/users", {"name": "someone-else", "role": "member"})
+    other = api.as_(other.json()["token"]) if other.status_code == 201 else None
+    job = member.submit(type="probe", params={"sleep_s": 0.2, "steps": 1})
+    if other is not None:
+        _err(other.post(f"/v1/jobs/{job['id']}/cancel"), 403, "not_owner")
+        _err(other.post(f"/v1/jobs/{job['id']}/retry"), 403)
+        assert other.job(job["id"])["id"] == job["id"]  # but everyone reads the shared queue
+    member.wait_job(job["id"])
+    _err(member.post(f"/v1/jobs/{job['id']}/cancel"), 409, "job_finished")
+    _err(member.post(f"/v1/jobs/{job['id']}/retry"), 409, "not_retryable")
+
+
+def test_priority_above_80_is_admin_only(member):
+    _err(member.post("/v1/jobs", {"type": "probe", "priority": 90}), 403)
+    _err(member.post("/v1/jobs", {"type": "probe", "priority": 101}), 422)
+
+
+def test_unknown_ids_are_404(api):
+    for path in ("/v1/jobs/job_nope", "/v1/jobs/job_nope/events", "/v1/targets/tgt_x",
+                 "/v1/datasets/ds_x", "/v1/artifacts/art_x", "/v1/nope"):
+        _err(api.get(path), 404)
+    _err(api.post("/v1/jobs/job_nope/cancel"), 404)
+
+
+def test_idempotent_post_replays_and_conflicts(api):
+    h = {"Idempotency-Key": "k-123"}
+    a = api.post("/v1/jobs", {"type": "probe", "params": {"steps": 1}}, headers=h)
+    b = api.post("/v1/jobs", {"type": "probe", "params": {"steps": 1}}, headers=h)
+    assert a.status_code == b.status_code == 201
+    assert a.json()["id"] == b.json()["id"]
+    _err(api.post("/v1/jobs", {"type": "probe", "params": {"steps": 2}}, headers=h), 409,
+         "idempotency_key_reused")
+
+
+def test_members_cannot_create_users(member):
+    _err(member.post("/v1/users", {"name": "x", "role": "admin"}), 403)
+
+
+def test_pagination(api):
+    ids = [api.submit(type="probe", params={"steps": 1}, priority=1)["id"] for _ in range(3)]
+    p1 = api.get("/v1/jobs", params={"limit": 2, "type": "probe"}).json()
+    assert len(p1["data"]) == 2 and p1["has_more"] and p1["next_after"] == p1["data"][-1]["id"]
+    p2 = api.get("/v1/jobs", params={"limit": 2, "type": "probe", "after": p1["next_after"]}).json()
+    assert not set(j["id"] for j in p1["data"]) & set(j["id"] for j in p2["data"])
+    assert ids[-1] == p1["data"][0]["id"]  # newest first
+    _err(api.get("/v1/jobs", params={"limit": 1000}), 422)
