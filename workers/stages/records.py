@@ -102,6 +102,16 @@ class DatasetWriter:
         if len(self._buf) >= self.batch_rows:
             self._flush()
 
+    def write_table(self, table: pa.Table) -> None:
+        """Append rows already in `SCHEMA` (a stage that builds columns itself, e.g. ingest
+        and mix, skips the per-record dict round trip of `write`)."""
+        self._flush()
+        if not table.schema.equals(SCHEMA):
+            table = table.cast(SCHEMA)
+        if table.num_rows:
+            self._writer.write_table(table)
+            self.count += table.num_rows
+
     def _flush(self) -> None:
         if self._buf:
             self._writer.write_table(pa.Table.from_pylist(self._buf, schema=SCHEMA))

@@ -1,0 +1,264 @@
+"""Streaming readers: one source file -> `(line, item)` pairs in constant memory.
+
+`item` is the raw bytes of one JSON value (JSON Lines, JSON arrays; parsed by the caller with
+orjson, so a bad value is a per-record reject), a dict (Parquet rows, already decoded), or a
+`Bad` reason (a line over the size limit). `line` is the 1-based physical line for JSON Lines
+(blank lines are skipped but counted) and the 1-based element or row number for JSON arrays
+and Parquet.
+
+The container is sniffed from the bytes, not the name: gzip, zstd, bz2 and xz streams are
+decompressed on the fly, Parquet is read by row batches, and a text stream whose first
+non-blank byte is `[` is a JSON array (anything else is JSON Lines, which is also what
+`Dataset.to_json` writes under a `.json` name).
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# One record larger than this is rejected (JSONL) or fails the file (JSON array) instead of
+# being read whole: a binary blob with no newline must not take the worker's memory.
+MAX_RECORD_BYTES = 64 << 20
+STREAM_BUF = 1 << 20  # buffer of the (decompressed) stream; also what the format sniff sees
+READ_BUF = 1 << 20    # read size of the JSON array scanner
+
+
+class ReaderError(Exception):
+    """The file as a whole cannot be read (missing, corrupt stream, not a JSON array...)."""
+
+
+@dataclass(frozen=True)
+class Bad:
+    reason: str
+
+
+class Source:
+    """An opened source file. Iterate for `(line, item)`; `done()`/`total` give progress in
+    `unit` (compressed bytes consumed, or Parquet rows)."""
+
+    def __init__(self, path: str | Path, max_record_bytes: int = MAX_RECORD_BYTES):
+        self.path = Path(path)
+        self.max_record_bytes = max_record_bytes
+        try:
+            self.total = self.path.stat().st_size
+            self._raw = open(self.path, "rb")  # noqa: SIM115  closed in close()
+            magic = self._raw.read(6)
+            self._raw.seek(0)
+        except OSError as e:
+            raise ReaderError(f"cannot read {self.path}: {e.strerror or e}") from e
+        try:
+            self._sniff(magic)
+        except BaseException:
+            self._raw.close()
+            raise
+
+    def _sniff(self, magic: bytes) -> None:
+        if not self.path.is_file():
+            raise ReaderError(f"{self.path} is not a file")
+        self.unit = "bytes"
+        self._rows_done = 0
+        self.compression: str | None = None
+        if magic[:4] == b"PAR1":
+            self.container = "parquet"
+            self._parquet = self._open_parquet()
+            self.total, self.unit = self._parquet.metadata.num_rows, "records"
+            return
+        self.compression, stream = _decompressor(magic, self._raw)
+        self._stream: Any = stream
+        first = self._peek_first_byte()
+        self.container = "json" if first == b"[" else "jsonl"
+
+    def _peek_first_byte(self) -> bytes:
+        try:
+            head = self._stream.peek(4096)
+        except (OSError, EOFError, ValueError) as e:
+            raise ReaderError(f"cannot decompress {self.path} ({self.compression}): {e}") from e
+        head = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+        return head[:1]
+
+    def done(self) -> int:
+        if self.container == "parquet":
+            return self._rows_done
+        try:
+            return self._raw.tell()
+        except (OSError, ValueError):
+            return 0
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        try:
+            if self.container == "parquet":
+                yield from self._parquet_rows()
+            elif self.container == "json":
+                yield from _json_array(self._stream, self.max_record_bytes)
+            else:
+                yield from _json_lines(self._stream, self.max_record_bytes)
+        except (OSError, EOFError, ValueError, lzma.LZMAError) as e:
+            # a stream that breaks mid-file (truncated gzip, corrupt zstd frame)
+            raise ReaderError(f"{self.path} is unreadable after {self.done()} {self.unit}: {e}") from e
+
+    def _open_parquet(self):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(self._raw)
+        except (pa.ArrowException, OSError) as e:
+            raise ReaderError(f"{self.path} is not a readable Parquet file: {e}") from e
+
+    def _parquet_rows(self) -> Iterator[tuple[int, Any]]:
+        n = 0
+        for batch in self._parquet.iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                n += 1
+                yield n, row
+            self._rows_done = n
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> "Source":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _decompressor(magic: bytes, raw) -> tuple[str | None, io.BufferedReader]:
+    if magic[:2] == b"\x1f\x8b":
+        return "gzip", io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), STREAM_BUF)
+    if magic[:4] == b"\x28\xb5\x2f\xfd":
+        import zstandard
+
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=STREAM_BUF)
+        return "zstd", io.BufferedReader(reader, STREAM_BUF)
+    if magic[:3] == b"BZh":
+        return "bz2", io.BufferedReader(bz2.BZ2File(raw, "rb"), STREAM_BUF)
+    if magic[:6] == b"\xfd7zXZ\x00":
+        return "xz", io.BufferedReader(lzma.LZMAFile(raw, "rb"), STREAM_BUF)
+    return None, io.BufferedReader(raw, STREAM_BUF)
+
+
+def _json_lines(stream, limit: int) -> Iterator[tuple[int, Any]]:
+    readline = stream.readline
+    n = 0
+    first = True
+    while True:
+        line = readline(limit)
+        if not line:
+            return
+        n += 1
+        if first:
+            line = line.removeprefix(b"\xef\xbb\xbf")
+            first = False
+        if line[-1:] != b"\n" and len(line) >= limit:
+            # Over the limit: drop the rest of this line without holding it.
+            size = len(line)
+            while True:
+                more = readline(STREAM_BUF)
+                size += len(more)
+                if not more or more[-1:] == b"\n":
+                    break
+            yield n, Bad(f"line is longer than the {limit >> 20} MiB limit ({size} bytes)")
+            continue
+        if line.isspace():
+            continue
+        yield n, line
+
+
+# Outside strings only brackets and quotes matter for finding where a value ends; a string is
+# matched whole by one regex (escapes included), so the Python loop runs per string, not per
+# byte.
+_TOKEN = re.compile(rb'[\[\]{}"]')
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.S)
+_SCALAR_END = re.compile(rb"[,\]\s]")
+_SKIP = re.compile(rb"[\s,]*+")
+
+
+def _json_array(stream, limit: int) -> Iterator[tuple[int, Any]]:
+    """Elements of a top-level JSON array, each as its bytes, without parsing the array.
+
+    The scanner only finds element boundaries (bracket depth outside strings), so one
+    malformed element is one reject and the next element is still found."""
+    buf = b""
+    while True:  # up to the first byte that is not a BOM or blank
+        chunk = stream.read(READ_BUF)
+        buf += chunk
+        if chunk and len(buf) < 3 and b"\xef\xbb\xbf".startswith(buf):
+            continue  # maybe a BOM, not whole yet
+        pos = _SKIP.match(buf, 3 if buf.startswith(b"\xef\xbb\xbf") else 0).end()
+        if pos < len(buf) or not chunk:
+            break
+    if buf[pos:pos + 1] != b"[":
+        raise ReaderError("expected a JSON array")
+    pos += 1
+    eof = False
+    index = 0
+    while True:
+        pos = _SKIP.match(buf, pos).end()
+        if pos >= len(buf):
+            if eof:
+                raise ReaderError(f"the JSON array is not closed (the file ends after element {index})")
+            chunk = stream.read(READ_BUF)
+            eof = not chunk
+            buf, pos = buf[pos:] + chunk, 0
+            continue
+        if buf[pos] == 0x5D:  # ]
+            return
+        start = scan = pos
+        depth = 0
+        want = READ_BUF
+        while True:
+            end, scan, depth = _scan(buf, scan, depth, eof)
+            if end is not None:
+                break
+            if len(buf) - start > limit:
+                raise ReaderError(f"element {index + 1} is larger than the {limit >> 20} MiB limit; "
+                                  "a JSON array this large cannot be streamed")
+            if eof:
+                yield index + 1, Bad("the file ends inside this element (truncated JSON)")
+                return
+            # The element runs past the buffer: keep it and read more. Reads grow so that
+            # rescanning a long string stays linear overall.
+            chunk = stream.read(want)
+            eof = not chunk
+            buf, scan, start = buf[start:] + chunk, scan - start, 0
+            want = min(want * 2, 64 << 20)
+        index += 1
+        yield index, buf[start:end]
+        pos = end
+
+
+def _scan(buf: bytes, scan: int, depth: int, eof: bool) -> tuple[int | None, int, int]:
+    """Continue scanning one element from `scan` at bracket `depth`.
+    Returns (end or None when the buffer ends first, where to resume, depth)."""
+    if depth == 0 and buf[scan] not in (0x7B, 0x5B, 0x22):  # a scalar (or garbage)
+        m = _SCALAR_END.search(buf, scan)
+        if m is not None:
+            return m.start(), scan, 0
+        return (len(buf) if eof else None), scan, 0
+    while True:
+        m = _TOKEN.search(buf, scan)
+        if m is None:
+            return None, len(buf), depth
+        i = m.start()
+        t = buf[i]
+        if t == 0x22:  # a string: match it whole
+            s = _STRING.match(buf, i)
+            if s is None:
+                return None, i, depth
+            scan = s.end()
+            if depth == 0:
+                return scan, scan, 0
+        else:
+            depth += 1 if t in (0x7B, 0x5B) else -1
+            scan = i + 1
+            if depth <= 0:
+                return scan, scan, 0
