@@ -35,11 +35,13 @@ def celery_app() -> Celery:
     )
     if s.broker.startswith("filesystem"):
         d = s.broker_dir
-        for sub in ("in", "processed"):
+        for sub in ("in", "processed", "control"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         conf["broker_transport_options"] = {"data_folder_in": str(d / "in"),
                                             "data_folder_out": str(d / "in"),
                                             "processed_folder": str(d / "processed"),
+                                            # exchange bindings; default is ./control in the cwd
+                                            "control_folder": str(d / "control"),
                                             "store_processed": False}
     else:
         conf["broker_transport_options"] = {"socket_connect_timeout": 3}

@@ -103,7 +103,7 @@ def mix(session: Session, user: Principal, body) -> Dataset:
     job = create_job(session, user, JobCreate(
         type=JobType.mix, name=f"mix {body.name}",
         inputs={"sources": [s.model_dump(exclude_none=True) for s in body.sources]},
-        params={"dedupe": body.dedupe, "seed": body.seed, "dataset_name": body.name}))
+        params={"dedupe": body.dedupe, "seed": body.seed}))
     ds.job_id = job.id
     return ds
 
