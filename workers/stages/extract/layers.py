@@ -1,0 +1,133 @@
+"""Which target layers to store, and what a layer id means.
+
+Layer ids follow speculators and vLLM (`eagle_aux_hidden_state_layer_ids`): id i is the
+residual stream entering decoder layer i, which is HF `output_hidden_states[i]` (0 is the
+embeddings). id N (N = num_hidden_layers) is the output of the last decoder layer *before*
+the final norm: speculators splits it off as `verifier_last_hidden_states` and applies the
+verifier's norm itself (FIELD-NOTES "Hidden states"), so HF's post-norm last entry would be
+normed twice. Every stored file holds the aux layers in the order given, then layer N.
+
+Pure: no torch, so the planner and `POST /v1/plans` can use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from workers.stages.common import StageError
+
+DRAFTER_TYPES = ("dflash", "eagle3")
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config (multimodal checkpoints nest it under `text_config`)."""
+    inner = config.get("text_config")
+    return inner if isinstance(inner, dict) and "num_hidden_layers" in inner else config
+
+
+def num_hidden_layers(config: dict[str, Any]) -> int:
+    n = text_config(config).get("num_hidden_layers")
+    if not isinstance(n, int) or n < 1:
+        raise StageError("invalid_input", "target config has no positive `num_hidden_layers`")
+    return n
+
+
+def hidden_size(config: dict[str, Any]) -> int:
+    h = text_config(config).get("hidden_size")
+    if not isinstance(h, int) or h < 1:
+        raise StageError("invalid_input", "target config has no positive `hidden_size`")
+    return h
+
+
+def default_layer_ids(drafter_type: str, num_layers: int) -> list[int]:
+    """Aux layer ids a drafter of this type is trained on by default (the last layer is
+    always stored in addition, so it is not listed here).
+
+    eagle3: low, middle, high = [2, N//2, N-3], speculators' own default
+        (`speculators.models.utils.resolve_target_layer_ids`, scripts/launch_vllm.py).
+    dflash: five layers evenly spaced from layer 1 to N-3 in z-lab's numbering (their id j
+        is the *output* of layer j), i.e. j + 1 in ours; this is how speculators' DFlash
+        converter maps z-lab checkpoints, e.g. Qwen3-8B (N=36) -> [2, 10, 18, 26, 34].
+    Small targets where points coincide get the distinct ones only.
+    """
+    n = num_layers
+    if drafter_type == "eagle3":
+        ids = [2, n // 2, n - 3]
+    elif drafter_type == "dflash":
+        start, end, k = 1, n - 3, 5
+        span = end - start
+        ids = [int(round(start + i * span / (k - 1))) + 1 for i in range(k)]
+    else:
+        raise StageError("invalid_params", f"drafter_type must be one of {list(DRAFTER_TYPES)}, "
+                         f"got {drafter_type!r}")
+    # Tiny targets (N < 5) push the formulas out of range: clamp, then dedupe in order.
+    out: list[int] = []
+    for i in ids:
+        i = min(max(i, 1 if n > 1 else 0), n - 1)
+        if i not in out:
+            out.append(i)
+    return out
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    aux: tuple[int, ...]          # aux layer ids, in the order stored
+    num_target_layers: int        # N; the last stored layer is id N (input of the final norm)
+    hidden_size: int
+
+    @property
+    def stored(self) -> tuple[int, ...]:
+        """All ids in file order: aux, then N (what vLLM's extractor is given)."""
+        return (*self.aux, self.num_target_layers)
+
+    @property
+    def num_stored(self) -> int:
+        return len(self.aux) + 1
+
+
+def validate_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
+    """Aux ids must be distinct ints in [0, N-1]; N itself is always stored as the last
+    entry, so listing it would store it twice."""
+    valid = f"[0, {num_layers - 1}]"
+    if not layer_ids:
+        raise StageError("invalid_params", f"layer_ids must list at least one aux layer in "
+                         f"{valid} (the target has {num_layers} layers)",
+                         details={"field": "layer_ids", "valid_range": [0, num_layers - 1]})
+    bad = [i for i in layer_ids if not isinstance(i, int) or isinstance(i, bool)
+           or i < 0 or i >= num_layers]
+    if bad:
+        hint = (f"; layer {num_layers} (the input of the final norm) is always stored last, "
+                f"do not list it") if num_layers in bad else ""
+        raise StageError("invalid_params",
+                         f"layer_ids {bad} out of range: valid aux layer ids are {valid} for a "
+                         f"target with {num_layers} layers{hint}",
+                         details={"field": "layer_ids", "invalid": bad,
+                                  "valid_range": [0, num_layers - 1]})
+    if len(set(layer_ids)) != len(layer_ids):
+        raise StageError("invalid_params", f"layer_ids must be distinct, got {layer_ids}",
+                         details={"field": "layer_ids"})
+    return list(layer_ids)
+
+
+def resolve_layers(config: dict[str, Any], drafter_type: str,
+                   layer_ids: list[int] | None) -> LayerPlan:
+    """The layer plan for a target config: the given aux ids (validated) or the defaults."""
+    n = num_hidden_layers(config)
+    aux = (validate_layer_ids(layer_ids, n) if layer_ids is not None
+           else default_layer_ids(drafter_type, n))
+    return LayerPlan(aux=tuple(aux), num_target_layers=n, hidden_size=hidden_size(config))
+
+
+def linear_layer_indices(config: dict[str, Any]) -> list[int]:
+    """Decoder layers that are not softmax attention (gated delta net, Mamba, ...). Their
+    state runs across the whole row, so documents cannot share a packed row."""
+    tc = text_config(config)
+    types = tc.get("layer_types") or []
+    return [i for i, t in enumerate(types) if t not in ("full_attention", "sliding_attention")]
+
+
+def is_hybrid(config: dict[str, Any]) -> bool:
+    tc = text_config(config)
+    ssm_keys = ("linear_num_key_heads", "mamba_d_state", "ssm_state_size", "mamba_expand")
+    return bool(linear_layer_indices(config)) or any(k in tc for k in ssm_keys)
