@@ -1,0 +1,247 @@
+"""Stage `prepare`: dataset + target (tokenizer, chat template) -> tokenized set.
+
+    inputs  dataset: {"path", "meta"}        a dataset artifact (records.py layout)
+            target:  resolved target          {"path", "tokenizer_path", "chat_template",
+                                               "chat_template_kwargs", "config"}
+    params  PrepareParams (params.py)
+    output  artifact "tokenized" (kind `tokenized`), layout in writer.py
+
+Every record either becomes one row whose mask passed the self-check, or one line of
+`rejects.jsonl` with a stable reason (needs_generate, template_error, mask_locate_failed,
+self_check_failed, empty_turns, too_long, too_few_valid_tokens). A template that does not
+compile fails the job at once (`template_error`, with the Jinja message and line); a dataset
+generated with another template or other template kwargs is refused (`template_mismatch`);
+more than `max_reject_share` rejected fails the job (`too_many_rejects`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from datetime import datetime, timezone
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+
+from workers.stages.common import StageContext, StageError, write_json_atomic
+from workers.stages.prepare.masks import (
+    Masker,
+    build_masker,
+    generation_eos_ids,
+    load_tokenizer,
+    tokenize_batch,
+    tokenize_record,
+)
+from workers.stages.prepare.params import PrepareParams, parse_params
+from workers.stages.prepare.pool import ChunkResult, MaskerConfig, adopt_masker, run_chunks
+from workers.stages.prepare.spans import RecordRejected
+from workers.stages.prepare.templates import check_template, resolve_template_text, template_sha256
+from workers.stages.prepare.vocab import (
+    TokenCounter,
+    save_token_freq,
+    save_vocab_mapping,
+    target_vocab_size,
+)
+from workers.stages.prepare.writer import RejectLog, TokenizedWriter, length_percentiles
+from workers.stages.records import count_records, iter_records
+
+__all__ = ["run", "tokenize_record", "tokenize_batch", "check_template", "build_masker",
+           "RecordRejected", "template_sha256", "resolve_setup", "Masker"]
+
+ARTIFACT = "tokenized"
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_setup(target: dict, params: PrepareParams):
+    """(tokenizer, template text, effective kwargs) for a target and params; fails the job
+    on a template that does not compile."""
+    tok_path = target.get("tokenizer_path") or target.get("path")
+    if not tok_path or not Path(tok_path).is_dir():
+        raise StageError("invalid_input", f"inputs.target.tokenizer_path is not a folder: {tok_path}")
+    try:
+        tokenizer = load_tokenizer(tok_path)
+    except (OSError, ValueError) as e:
+        raise StageError("invalid_input", f"cannot load the tokenizer at {tok_path}: {e}") from None
+    text = resolve_template_text(tokenizer, params.chat_template or target.get("chat_template"))
+    err = check_template(text)
+    if err is not None:
+        raise StageError("template_error", err)
+    kwargs = {**(target.get("chat_template_kwargs") or {}), **params.chat_template_kwargs}
+    return tokenizer, str(tok_path), text, kwargs
+
+
+def _check_generation_meta(meta: dict, sha: str, kwargs: dict, params: PrepareParams,
+                           ctx: StageContext) -> None:
+    """A dataset from the generate stage must be rendered as it was generated."""
+    gen = (meta or {}).get("generation")
+    if not gen:
+        return
+    problems = []
+    if gen.get("chat_template_sha256") and gen["chat_template_sha256"] != sha:
+        problems.append(f"chat template sha256 {gen['chat_template_sha256'][:12]}... at "
+                        f"generation, {sha[:12]}... here")
+    if "chat_template_kwargs" in gen and (gen.get("chat_template_kwargs") or {}) != kwargs:
+        problems.append(f"chat_template_kwargs {gen.get('chat_template_kwargs')} at generation, "
+                        f"{kwargs} here")
+    if not problems:
+        return
+    msg = "the dataset was generated with another template setup: " + "; ".join(problems)
+    if not params.allow_template_mismatch:
+        raise StageError("template_mismatch", msg + " (params.allow_template_mismatch=true "
+                         "to prepare anyway)", details={"problems": problems})
+    ctx.warning(msg)
+
+
+def _chunks(folder: str, per_task: int, limit: int | None):
+    it = iter_records(folder, batch_rows=max(per_task, 256))
+    if limit is not None:
+        it = islice(it, limit)
+    while True:
+        chunk = list(islice(it, per_task))
+        if not chunk:
+            return
+        yield chunk
+
+
+def run(spec: dict, ctx: StageContext) -> dict:
+    t_start = time.perf_counter()
+    params = parse_params(spec.get("params"))
+    inputs = spec.get("inputs") or {}
+    dataset, target = inputs.get("dataset"), inputs.get("target")
+    if not dataset or not dataset.get("path"):
+        raise StageError("invalid_input", "inputs.dataset.path is required")
+    if not target:
+        raise StageError("invalid_input", "inputs.target is required")
+    if not (Path(dataset["path"]) / "data.parquet").is_file():
+        raise StageError("invalid_input", f"no data.parquet in {dataset['path']}")
+
+    tokenizer, tok_path, text, kwargs = resolve_setup(target, params)
+    sha = template_sha256(text)
+    _check_generation_meta(dataset.get("meta") or {}, sha, kwargs, params, ctx)
+
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    eos_ids = generation_eos_ids(target.get("path"))
+    cfg = MaskerConfig(tok_path, text, kwargs, params.train_on, now.isoformat(), eos_ids,
+                       params.mask_method, params.seq_length, params.length_policy,
+                       params.min_valid_tokens)
+    masker = cfg.build(tokenizer)
+    adopt_masker(cfg, masker)
+
+    total = count_records(dataset["path"])
+    if params.max_samples is not None:
+        total = min(total, params.max_samples)
+    workers = max(1, min(params.num_workers or _usable_cores(),
+                         -(-total // params.records_per_task) or 1))
+
+    folder = Path(ctx.out_dir) / ARTIFACT
+    if folder.exists():  # a retried job starts from a clean folder
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    writer = TokenizedWriter(folder, Path(ctx.work_dir) / "prepare_rows")
+    rejects = RejectLog(folder / "rejects.jsonl")
+    counter = TokenCounter(max(len(tokenizer), target_vocab_size(target.get("config"), 0)))
+    lengths: list[np.ndarray] = []
+    agg = {"done": 0, "masked": 0, "truncated": 0, "boundary_splits": 0,
+           "turns_without_end_token": 0, "turns_skipped_empty": 0}
+
+    def on_result(res: ChunkResult) -> None:
+        writer.write(res.batch)
+        for rid, src, reason, detail in res.rejects:
+            rejects.add(rid, src, reason, detail)
+        counter.add(res.freq_ids, res.freq_counts)
+        lengths.append(res.lengths)
+        agg["done"] += res.n_records
+        agg["masked"] += res.masked
+        agg["truncated"] += res.truncated
+        for k, v in res.stats.items():
+            agg[k] += v
+        ctx.progress(agg["done"], total, "records", stage="prepare")
+
+    ctx.progress(0, total, "records", stage="prepare", force=True)
+    t_work = time.perf_counter()
+    try:
+        run_chunks(cfg, _chunks(dataset["path"], params.records_per_task, params.max_samples),
+                   workers, on_result)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        rejects.close()
+
+    n_rej, n_rows = rejects.count, writer.num_rows
+    share = n_rej / max(1, n_rows + n_rej)
+    summary_rej = {"num_rejected": n_rej, "rejected_by_reason": dict(rejects.by_reason),
+                   "rejected_sample": rejects.sample[:5]}
+    if n_rows == 0:
+        writer.abort()
+        raise StageError("empty_output", f"no record could be prepared ({n_rej} rejected: "
+                         f"{rejects.by_reason})", details=summary_rej)
+    if share > params.max_reject_share:
+        writer.abort()
+        raise StageError("too_many_rejects",
+                         f"{n_rej} of {n_rows + n_rej} records rejected ({share:.0%} > "
+                         f"max_reject_share {params.max_reject_share:.0%}): {rejects.by_reason}",
+                         details=summary_rej)
+    t_write = time.perf_counter()
+    writer.finish()
+
+    freq = counter.as_dict()
+    save_token_freq(folder / "token_freq.pt", freq)
+    vocab_files = {}
+    if params.draft_vocab_size:
+        vsize = target_vocab_size(target.get("config"), len(tokenizer))
+        d2t, t2d = save_vocab_mapping(folder, freq, params.draft_vocab_size, vsize)
+        vocab_files = {"d2t": d2t.name, "t2d": t2d.name, "target_vocab_size": vsize}
+
+    t_end = time.perf_counter()
+    lens = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+    meta = {
+        "num_rows": n_rows,
+        "num_tokens": int(lens.sum()),
+        "num_masked_tokens": agg["masked"],
+        **summary_rej,
+        "rejected_sample": rejects.sample,
+        "template_errors": dict(sorted(rejects.template_errors.items(),
+                                       key=lambda kv: -kv[1])[:20]),
+        "self_check_failures": rejects.by_reason.get("self_check_failed", 0),
+        "self_check_failure_rate": rejects.by_reason.get("self_check_failed", 0)
+        / max(1, n_rows + n_rej),
+        "num_truncated": agg["truncated"],
+        "seq_length": params.seq_length,
+        "length_policy": params.length_policy,
+        "min_valid_tokens": params.min_valid_tokens,
+        "train_on": params.train_on,
+        "mask_method": masker.method,
+        "generation_header": masker.header,
+        "end_tokens": masker.end_tokens,
+        "turns_without_end_token": agg["turns_without_end_token"],
+        "turns_skipped_empty": agg["turns_skipped_empty"],
+        "boundary_splits": agg["boundary_splits"],
+        "chat_template_sha256": sha,
+        "chat_template_kwargs": kwargs,
+        "render_time": now.isoformat(),
+        "tokenizer_path": tok_path,
+        "length_percentiles": length_percentiles(lens),
+        "token_freq": "token_freq.pt",
+        "draft_vocab": vocab_files or None,
+        "dataset_path": dataset["path"],
+        "num_workers": workers,
+        "timings_s": {"setup": round(t_work - t_start, 3), "tokenize": round(t_write - t_work, 3),
+                      "write": round(t_end - t_write, 3)},
+    }
+    write_json_atomic(folder / "prepare_meta.json", meta)
+    ctx.artifact(ARTIFACT, "tokenized", folder, meta)
+    if agg["turns_without_end_token"]:
+        ctx.warning(f"{agg['turns_without_end_token']} trained turns have no end-of-turn token "
+                    "in the rendering (the template emits none there); they train without one")
+    return {k: meta[k] for k in ("num_rows", "num_tokens", "num_masked_tokens", "num_rejected",
+                                 "rejected_by_reason", "self_check_failures", "num_truncated",
+                                 "mask_method")}

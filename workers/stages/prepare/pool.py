@@ -1,0 +1,127 @@
+"""Parallel, streaming, order-preserving tokenization over chunks of records.
+
+Each worker process builds its own `Masker` once (inherited through fork when the parent
+already built it) and turns a chunk of records into one Arrow record batch plus its rejects,
+token frequencies and lengths. The parent keeps at most `2 x workers` chunks in flight and
+consumes results in submission order, so memory stays flat and the output order is the input
+order whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+import pyarrow as pa
+
+from workers.stages.prepare.masks import Masker, build_masker, load_tokenizer, tokenize_batch
+from workers.stages.prepare.spans import RecordRejected
+from workers.stages.prepare.vocab import chunk_frequencies
+from workers.stages.prepare.writer import rows_to_batch
+
+
+@dataclass
+class MaskerConfig:
+    """Everything a worker needs to rebuild the parent's Masker (picklable)."""
+
+    tokenizer_path: str
+    template_text: str
+    kwargs: dict
+    train_on: str
+    now_iso: str
+    extra_end_token_ids: list[int]
+    mask_method: str
+    seq_length: int | None
+    length_policy: str
+    min_valid_tokens: int
+
+    def build(self, tokenizer=None) -> Masker:
+        tok = tokenizer if tokenizer is not None else load_tokenizer(self.tokenizer_path)
+        return build_masker(tok, self.template_text, self.kwargs, self.train_on,
+                            datetime.fromisoformat(self.now_iso), self.extra_end_token_ids,
+                            self.mask_method)
+
+
+@dataclass
+class ChunkResult:
+    batch: pa.RecordBatch
+    rejects: list[tuple[str, str, str, str]]      # (id, source, reason, detail)
+    freq_ids: np.ndarray
+    freq_counts: np.ndarray
+    lengths: np.ndarray                            # seq_len of the kept rows
+    masked: int
+    truncated: int
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_records(self) -> int:
+        return self.batch.num_rows + len(self.rejects)
+
+
+_WORKER: dict = {}
+
+
+def init_worker(cfg: MaskerConfig) -> None:
+    # Workers are the parallelism; a Rayon pool per worker would only oversubscribe the cores.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if _WORKER.get("cfg") != cfg:
+        _WORKER["masker"] = cfg.build()
+        _WORKER["cfg"] = cfg
+
+
+def adopt_masker(cfg: MaskerConfig, masker: Masker) -> None:
+    """Use a Masker the parent already built (and let forked workers inherit it)."""
+    _WORKER["masker"] = masker
+    _WORKER["cfg"] = cfg
+
+
+def process_chunk(records: list[dict]) -> ChunkResult:
+    cfg: MaskerConfig = _WORKER["cfg"]
+    masker: Masker = _WORKER["masker"]
+    results = tokenize_batch(masker, records, cfg.seq_length, cfg.length_policy,
+                             cfg.min_valid_tokens)
+    ids, input_ids, masks, rejects = [], [], [], []
+    stats = {"boundary_splits": 0, "turns_without_end_token": 0, "turns_skipped_empty": 0}
+    truncated = 0
+    for rec, out in zip(records, results):
+        if isinstance(out, RecordRejected):
+            rejects.append((str(rec.get("id")), rec.get("source") or "", out.code, out.detail))
+            continue
+        ids.append(str(rec.get("id")))
+        input_ids.append(out.input_ids)
+        masks.append(out.loss_mask)
+        truncated += out.truncated
+        stats["boundary_splits"] += out.boundary_splits
+        stats["turns_without_end_token"] += out.turns_without_end
+        stats["turns_skipped_empty"] += out.turns_skipped
+    f_ids, f_counts = chunk_frequencies(input_ids, masks)
+    lengths = np.fromiter((len(x) for x in input_ids), dtype=np.int64, count=len(input_ids))
+    masked = int(sum(int(m.sum()) for m in masks))
+    return ChunkResult(rows_to_batch(ids, input_ids, masks), rejects, f_ids, f_counts, lengths,
+                       masked, truncated, stats)
+
+
+def run_chunks(cfg: MaskerConfig, chunks: Iterable[list[dict]], num_workers: int,
+               on_result: Callable[[ChunkResult], None]) -> None:
+    """Process chunks in order; `on_result` sees results in the order the chunks came."""
+    if num_workers <= 1:
+        if _WORKER.get("cfg") != cfg:
+            init_worker(cfg)
+        for chunk in chunks:
+            on_result(process_chunk(chunk))
+        return
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    with mp.get_context(method).Pool(num_workers, initializer=init_worker,
+                                      initargs=(cfg,)) as pool:
+        pending: deque = deque()
+        for chunk in chunks:
+            pending.append(pool.apply_async(process_chunk, (chunk,)))
+            while len(pending) >= 2 * num_workers:
+                on_result(pending.popleft().get())
+        while pending:
+            on_result(pending.popleft().get())

@@ -1,0 +1,69 @@
+"""Token frequencies over trained tokens, and the draft-vocabulary mapping built from them.
+
+The files are the ones `speculators train` reads from its data path: `token_freq.pt` (a dict
+token id -> count, counted only where loss_mask is 1, like its
+`save_token_frequency_distribution`) and, for a draft vocabulary of N tokens,
+`d2t-N.npy` / `t2d-N.npy` from its own `build_vocab_mappings_from_distribution`
+(d2t: int64 offsets, target id = draft index + d2t[draft index]; t2d: bool over the target
+vocabulary), so `--draft-vocab-size N` finds and loads them instead of recounting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+class TokenCounter:
+    """Dense counts over the vocabulary; workers send (unique ids, counts) per chunk."""
+
+    def __init__(self, vocab_size: int):
+        self.counts = np.zeros(vocab_size, dtype=np.int64)
+
+    def add(self, ids: np.ndarray, counts: np.ndarray) -> None:
+        if len(ids) and int(ids.max()) >= len(self.counts):
+            grown = np.zeros(int(ids.max()) + 1, dtype=np.int64)
+            grown[: len(self.counts)] = self.counts
+            self.counts = grown
+        np.add.at(self.counts, ids, counts)
+
+    def as_dict(self) -> dict[int, int]:
+        nz = np.nonzero(self.counts)[0]
+        return {int(i): int(self.counts[i]) for i in nz}
+
+
+def chunk_frequencies(input_ids: list[np.ndarray], loss_masks: list[np.ndarray]
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    if not input_ids:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    ids = np.concatenate(input_ids)
+    mask = np.concatenate(loss_masks).astype(bool)
+    return np.unique(ids[mask], return_counts=True)
+
+
+def save_token_freq(path: Path, freq: dict[int, int]) -> None:
+    import torch
+
+    torch.save(freq, str(path))
+
+
+def target_vocab_size(config: dict | None, tokenizer_len: int) -> int:
+    """The target's embedding rows (config.vocab_size, or its text_config's), as speculators
+    reads it; the tokenizer length when there is no config."""
+    cfg = config or {}
+    v = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    return int(v) if v else int(tokenizer_len)
+
+
+def save_vocab_mapping(folder: Path, freq: dict[int, int], draft_vocab_size: int,
+                       vocab_size: int) -> tuple[Path, Path]:
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    d2t, t2d = build_vocab_mappings_from_distribution(
+        token_freq_dict=freq, draft_vocab_size=draft_vocab_size, target_vocab_size=vocab_size)
+    d2t_path = Path(folder) / f"d2t-{draft_vocab_size}.npy"
+    t2d_path = Path(folder) / f"t2d-{draft_vocab_size}.npy"
+    np.save(d2t_path, d2t.cpu().numpy())
+    np.save(t2d_path, t2d.cpu().numpy())
+    return d2t_path, t2d_path
