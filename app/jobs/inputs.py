@@ -28,9 +28,9 @@ def artifact_dict(a: Artifact) -> dict:
     return {"kind": a.kind, "id": a.id, "path": a.uri, "meta": a.meta or {}}
 
 
-def _one(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
+def resolve_ref(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
     if isinstance(ref, dict) and "dataset_id" in ref:  # a mix source carries its own options
-        base = _one(session, ref["dataset_id"], kinds)
+        base = resolve_ref(session, ref["dataset_id"], kinds)
         return {**base, **{k: v for k, v in ref.items() if k != "dataset_id"},
                 "dataset_id": ref["dataset_id"]}
     if isinstance(ref, dict) and "artifact" in ref:
@@ -75,8 +75,8 @@ def resolve(session: Session, job: Job) -> dict[str, Any]:
             out[name] = ref
             continue
         kinds = allowed.get(name, ())
-        out[name] = ([_one(session, r, kinds) for r in ref] if isinstance(ref, list)
-                     else _one(session, ref, kinds))
+        out[name] = ([resolve_ref(session, r, kinds) for r in ref] if isinstance(ref, list)
+                     else resolve_ref(session, ref, kinds))
     return out
 
 

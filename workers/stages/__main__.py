@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import signal
 import sys
 import traceback
 
 from workers.stages.common import StageContext, StageError, read_spec
 
-STAGES = ("probe", "ingest", "mix", "generate", "prepare", "extract", "train", "evaluate")
+STAGES = ("probe", "ingest", "mix", "generate", "prepare", "extract", "train", "evaluate",
+          "plan")
 
 
 def _sigterm(signum, frame):  # noqa: ARG001

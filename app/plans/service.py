@@ -1,0 +1,78 @@
+"""Plans: dry-run a run's body on a sample of its dataset before any GPU hour is spent.
+
+The checks need the tokenizer and the chat template, which live in the stage core, so the
+API runs the `plan` stage as a short child process (`python -m workers.stages plan`) rather
+than importing it (app/ never imports torch, transformers or workers/)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from app.core.config import get_settings
+from app.core.errors import Invalid, Unavailable
+from app.jobs.inputs import Unresolved, resolve_ref, target_dict
+from app.models import Target
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_plan(session: Session, body, free_bytes_override: int | None = None) -> dict:
+    s = get_settings()
+    t = session.get(Target, body.target_id)
+    if t is None:
+        raise Invalid(f"target_id: {body.target_id} not found", param="target_id",
+                      code="unknown_input")
+    try:
+        dataset = resolve_ref(session, body.dataset_id, ("dataset",))
+    except Unresolved:
+        dataset = None
+    work = s.home / "plans" / uuid.uuid4().hex[:12]
+    work.mkdir(parents=True, exist_ok=True)
+    spec = {"type": "plan", "inputs": {"target": target_dict(t), "dataset": dataset},
+            "params": {"run": body.model_dump(mode="json"), "sample": body.plan_sample,
+                       "disk_path": str(s.artifacts_dir),
+                       "free_bytes_override": free_bytes_override},
+            "out_dir": str(work / "out"), "work_dir": str(work / "work"),
+            "events_path": str(work / "events.jsonl")}
+    (work / "spec.json").write_text(json.dumps(spec, default=str))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "workers.stages", "plan", "--spec",
+                               str(work / "spec.json")], capture_output=True, text=True,
+                              timeout=120, env=env, cwd=str(work))
+        result = None
+        for line in (work / "events.jsonl").read_text().splitlines() if (work / "events.jsonl").exists() else []:
+            ev = json.loads(line)
+            if ev["kind"] == "result":
+                result = ev["data"]
+            elif ev["kind"] == "error" and result is None:
+                result = {"ok": False, "checks": [{"name": "plan", "ok": False,
+                                                   "message": ev["data"]["message"]}],
+                          "estimates": {}, "warnings": [], "failures": []}
+        if result is None:
+            raise Unavailable("the plan could not run: " + (proc.stderr or "")[-500:],
+                              code="plan_failed")
+        return result
+    except subprocess.TimeoutExpired as e:
+        raise Unavailable("the plan took longer than 120 s", code="plan_timeout") from e
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def plan_or_refuse(session: Session, body) -> dict:
+    """The plan of a run; a plan with errors refuses the run (422) unless `force_plan`."""
+    plan = make_plan(session, body)
+    if not plan["ok"] and not body.force_plan:
+        bad = [c for c in plan["checks"] if not c["ok"]]
+        raise Invalid("the run's plan has errors: " + "; ".join(c["message"] for c in bad) +
+                      " (set force_plan to start anyway)", code="plan_failed",
+                      details=plan)
+    return plan

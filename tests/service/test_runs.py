@@ -1,0 +1,159 @@
+"""Runs and plans through the real service: the whole chain on a tiny target, a plan that
+names the records a template breaks, cancel during train and a retry that reuses finished
+stages and resumes training."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.stages.conftest import shared_fixtures
+
+
+@pytest.fixture(scope="module")
+def target(api, home, tmp_path_factory):
+    """A tiny random Qwen3 in the model roots, registered with the Qwen3.6 template (it
+    raises "No user query found in messages." on a [system, assistant] record)."""
+    from workers.stages.tinymodel import build_tiny_target
+
+    d = build_tiny_target(home / "models" / "tiny-run", arch="qwen3")
+    tmpl = (shared_fixtures() / "chat_templates" / "qwen3_6.jinja").read_text()
+    r = api.post("/v1/targets", {"name": "tiny", "path": str(d), "chat_template": tmpl})
+    assert r.status_code == 201, r.text
+    t = r.json()
+    assert t["num_layers"] == 8 and t["hidden_size"] == 64 and t["has_chat_template"]
+    return t
+
+
+def _dataset(api, home, name: str, records: list[dict]) -> dict:
+    p = home / "data" / f"{name}.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in records))
+    d = api.post("/v1/datasets", {"name": name, "path": str(p)}).json()
+    return wait_for(lambda: (x := api.get(f"/v1/datasets/{d['id']}").json())["status"] != "ingesting"
+                    and x, 120, 0.3, "ingest")
+
+
+def _records(n: int, broken_every: int | None = None) -> list[dict]:
+    out = []
+    for i in range(n):
+        if broken_every and i % broken_every == 0:
+            # No user turn: the Qwen3.6 template raises on this shape.
+            out.append({"messages": [{"role": "system", "content": f"be brief {i}"},
+                                     {"role": "assistant", "content": f"ok {i} " * 5}]})
+        else:
+            out.append({"messages": [{"role": "user", "content": f"count to {i}"},
+                                     {"role": "assistant", "content": " ".join(
+                                         str(k) for k in range(i % 7 + 5))}]})
+    return out
+
+
+def _body(target, ds, **over) -> dict:
+    body = {"name": "t", "target_id": target["id"], "dataset_id": ds["id"],
+            "drafter": {"type": "dflash", "num_layers": 1, "block_size": 4,
+                        "draft_vocab_size": 256},
+            "chat_template_kwargs": {"enable_thinking": False},
+            "stages": {"generate": None, "prepare": {"seq_length": 256},
+                       "extract": {"dtype": "float32", "backend": "hf"},
+                       "train": {"max_steps": 6, "seq_length": 256, "checkpoint_every": 2,
+                                 "log_every": 1, "drafter": {"num_anchors": 16}},
+                       "evaluate": None}}
+    body.update(over)
+    return body
+
+
+def test_plan_names_broken_records_and_run_refuses_unless_forced(api, worker, target, home):
+    ds = _dataset(api, home, "third-broken", _records(30, broken_every=3))
+    body = _body(target, ds)
+    t = time.time()
+    r = api.post("/v1/plans", body, timeout=180)
+    assert r.status_code == 200, r.text
+    assert time.time() - t < 60  # 10 s on a quiet machine; CI shares its two cores
+    plan = r.json()
+    assert not plan["ok"]
+    rr = next(c for c in plan["checks"] if c["name"] == "records_render")
+    assert not rr["ok"] and rr["details"]["failed"] == 10
+    assert {f["source"].split(":")[1] for f in plan["failures"]} == {str(i + 1) for i in range(0, 30, 3)}
+    assert all("No user query found in messages." in f["reason"] for f in plan["failures"])
+    assert plan["estimates"]["hidden_state_bytes"] > 0 and plan["estimates"]["tokens"] > 0
+    r = api.post("/v1/runs", body, timeout=180)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "plan_failed"
+    run = api.post("/v1/runs", {**body, "force_plan": True}, timeout=180)
+    assert run.status_code == 201, run.text
+    run = run.json()
+    assert [j["run_stage"] for j in run["jobs"]] == ["prepare", "extract", "train"]
+    final = wait_for(lambda: (x := api.get(f"/v1/runs/{run['id']}").json())["status"]
+                     in ("succeeded", "failed") and x, 400, 1, "run to finish")
+    assert final["status"] == "succeeded", json.dumps(final["stages"], default=str)[:2000]
+    prep = next(j for j in final["jobs"] if j["run_stage"] == "prepare")
+    art = api.get(f"/v1/artifacts/{prep['outputs'][0]}").json()
+    assert art["meta"]["num_rows"] == 20 and art["meta"]["num_rejected"] == 10
+
+
+def test_plan_checks_layers_disk_and_thinking(api, worker, target, home):
+    ds = _dataset(api, home, "plan-ok", _records(12))
+    body = _body(target, ds)
+    body["drafter"]["target_layer_ids"] = [1, 42]
+    body["stages"]["evaluate"] = {"chat_template_kwargs": {"enable_thinking": True}}
+    plan = api.post("/v1/plans", body, timeout=180).json()
+    checks = {c["name"]: c for c in plan["checks"]}
+    assert not checks["layer_ids"]["ok"] and "[0, 7]" in checks["layer_ids"]["message"]
+    assert not checks["thinking_mode"]["ok"]
+    assert checks["records_render"]["ok"]
+
+
+def test_cancel_run_during_train_then_retry_reuses_and_resumes(api, worker, target, home):
+    ds = _dataset(api, home, "resume", _records(24))
+    body = _body(target, ds, name="resume")
+    body["stages"]["train"].update(max_steps=150, checkpoint_every=3)
+    run = api.post("/v1/runs", body, timeout=180)
+    assert run.status_code == 201, run.text
+    run = run.json()
+    train = next(j for j in run["jobs"] if j["run_stage"] == "train")
+    wait_for(lambda: (j := api.job(train["id"]))["status"] == "running"
+             and len(api.get(f"/v1/jobs/{train['id']}/metrics").json().get("loss", [])) >= 5,
+             300, 0.5, "train to log a few steps")
+    before = {j["run_stage"]: j for j in api.get(f"/v1/runs/{run['id']}").json()["jobs"]}
+    r = api.post(f"/v1/runs/{run['id']}/cancel")
+    assert r.status_code == 200
+    final = wait_for(lambda: (x := api.get(f"/v1/runs/{run['id']}").json())["status"]
+                     == "cancelled" and x, 60, 0.5, "run cancelled")
+    st = {j["run_stage"]: j["status"] for j in final["jobs"]}
+    assert st == {"prepare": "succeeded", "extract": "succeeded", "train": "cancelled"}
+    steps_before = [s for s, _ in api.get(f"/v1/jobs/{train['id']}/metrics").json()["loss"]]
+    r = api.post(f"/v1/runs/{run['id']}/retry")
+    assert r.status_code == 200, r.text
+    done = wait_for(lambda: (x := api.get(f"/v1/runs/{run['id']}").json())["status"]
+                    in ("succeeded", "failed") and x, 400, 1, "run to finish after retry")
+    assert done["status"] == "succeeded", done["stages"]
+    after = {j["run_stage"]: j for j in done["jobs"]}
+    for s in ("prepare", "extract"):  # not run again
+        assert after[s]["started_at"] == before[s]["started_at"]
+        assert after[s]["outputs"] == before[s]["outputs"]
+    assert after["train"]["attempt"] == 2
+    steps = [s for s, _ in api.get(f"/v1/jobs/{train['id']}/metrics").json()["loss"]]
+    resumed = steps[len(steps_before):]
+    assert resumed and min(resumed) > 1, (steps_before, resumed)  # continued, not from step 0
+
+
+def test_same_run_again_reuses_every_stage_unless_forced(api, worker, target, home):
+    ds = _dataset(api, home, "reuse", _records(12))
+    body = _body(target, ds, name="reuse")
+    first = api.post("/v1/runs", body, timeout=180).json()
+    wait_for(lambda: api.get(f"/v1/runs/{first['id']}").json()["status"] == "succeeded",
+             300, 1, "first run")
+    again = api.post("/v1/runs", body, timeout=180).json()
+    done = wait_for(lambda: (x := api.get(f"/v1/runs/{again['id']}").json())["status"]
+                    in ("succeeded", "failed") and x, 60, 0.5, "second run")
+    firsts = {j["run_stage"]: j for j in api.get(f"/v1/runs/{first['id']}").json()["jobs"]}
+    for j in done["jobs"]:
+        assert j["reused_from"] == firsts[j["run_stage"]]["id"], j
+        assert j["outputs"] == firsts[j["run_stage"]]["outputs"]
+    forced = api.post("/v1/runs", {**body, "force": True}, timeout=180).json()
+    prep = next(j for j in forced["jobs"] if j["run_stage"] == "prepare")
+    j = api.wait_job(prep["id"], timeout=120)
+    assert j["status"] == "succeeded" and j["reused_from"] is None
+    assert j["outputs"] != firsts["prepare"]["outputs"]
+    api.post(f"/v1/runs/{forced['id']}/cancel")

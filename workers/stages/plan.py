@@ -1,0 +1,231 @@
+"""`plan`: dry-run a whole run on a sample of its dataset, without GPUs, in seconds.
+
+Catches what today costs hours: a template that raises on some record shapes, empty masks,
+sequences longer than `seq_length`, hidden states that will not fit on disk, layer ids the
+target does not have, a thinking mode that differs between generate, prepare and evaluate,
+and drafter params that do not fit the target.
+
+Spec: inputs {"dataset": {"path", "meta"} | null, "target": {resolved target}},
+params {"run": <the POST /v1/runs body>, "sample": 200, "disk_path": str,
+"free_bytes_override": int | null}. Returns {"ok", "checks", "estimates", "warnings",
+"failures"}; the API answers it as the plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from workers.stages.common import StageContext, StageError
+from workers.stages.records import count_records, iter_records
+
+# Stands in for the target's answer when the run regenerates answers: the dry run checks that
+# each record *shape* renders and masks, never stores this text.
+PLACEHOLDER_ANSWER = "def answer():\n    return 42"
+
+
+class Plan:
+    def __init__(self) -> None:
+        self.checks: list[dict] = []
+        self.warnings: list[str] = []
+        self.failures: list[dict] = []
+        self.estimates: dict[str, Any] = {}
+
+    def check(self, name: str, ok: bool, message: str, **details: Any) -> bool:
+        self.checks.append({"name": name, "ok": bool(ok), "message": message,
+                            **({"details": details} if details else {})})
+        return ok
+
+    @property
+    def ok(self) -> bool:
+        return all(c["ok"] for c in self.checks)
+
+
+def _params(plan: Plan, run: dict) -> dict:
+    """Validate every stage's params with the stage's own parser."""
+    from workers.stages.extract.params import parse_params as extract_p
+    from workers.stages.generate.params import parse_params as generate_p
+    from workers.stages.prepare.params import parse_params as prepare_p
+    from workers.stages.train.params import parse_params as train_p
+
+    stages = run.get("stages") or {}
+    kw = run.get("chat_template_kwargs") or {}
+    parsed: dict[str, Any] = {}
+    drafter = {k: v for k, v in (run.get("drafter") or {}).items() if v is not None}
+    todo = {
+        "generate": (generate_p, stages.get("generate")),
+        "prepare": (prepare_p, {**(stages.get("prepare") or {}),
+                                "chat_template_kwargs": {**kw, **((stages.get("prepare") or {})
+                                                                  .get("chat_template_kwargs") or {})}}),
+        "extract": (extract_p, ({**(stages.get("extract") or {}),
+                                 "drafter_type": drafter.get("type", "dflash")}
+                                if run.get("mode", "offline") == "offline"
+                                and stages.get("extract", {}) is not None else None)),
+        "train": (train_p, {**(stages.get("train") or {}), "mode": run.get("mode", "offline"),
+                            "drafter": {**drafter, **((stages.get("train") or {}).get("drafter") or {})}}),
+    }
+    for name, (parse, raw) in todo.items():
+        if raw is None:
+            continue
+        raw = {k: v for k, v in raw.items() if k != "gpus"}
+        if name == "prepare" and drafter.get("draft_vocab_size") and "draft_vocab_size" not in raw:
+            raw["draft_vocab_size"] = drafter["draft_vocab_size"]
+        if name == "extract" and drafter.get("target_layer_ids") and "layer_ids" not in raw:
+            raw["layer_ids"] = drafter["target_layer_ids"]
+        try:
+            parsed[name] = parse(raw)
+            plan.check(f"{name}_params", True, f"{name} params are valid")
+        except StageError as e:
+            plan.check(f"{name}_params", False, f"{name}: {e.message}")
+    return parsed
+
+
+def _thinking(plan: Plan, run: dict) -> None:
+    kw = run.get("chat_template_kwargs") or {}
+    stages = run.get("stages") or {}
+    seen = {}
+    for name in ("generate", "prepare", "evaluate"):
+        st = stages.get(name)
+        if st is None:
+            continue
+        seen[name] = {**kw, **(st.get("chat_template_kwargs") or {})}.get("enable_thinking")
+    values = set(map(str, seen.values()))
+    plan.check("thinking_mode", len(values) <= 1,
+               "thinking mode is the same in " + ", ".join(seen) if len(values) <= 1 else
+               "thinking mode differs between stages: " +
+               ", ".join(f"{k}: enable_thinking={v}" for k, v in seen.items()) +
+               " (a mismatch is the best-known cause of collapsed acceptance)")
+
+
+def _layers_and_drafter(plan: Plan, run: dict, target: dict, parsed: dict) -> Any:
+    from workers.stages.extract.layers import hidden_size, num_hidden_layers, resolve_layers
+
+    cfg = target.get("config") or {}
+    drafter = run.get("drafter") or {}
+    try:
+        lp = resolve_layers(cfg, drafter.get("type", "dflash"), drafter.get("target_layer_ids")
+                            or (run.get("stages") or {}).get("extract", {}) and
+                            ((run.get("stages") or {}).get("extract") or {}).get("layer_ids"))
+        plan.check("layer_ids", True, f"layers {list(lp.aux)} + last ({lp.num_target_layers}) "
+                   f"exist in the target ({num_hidden_layers(cfg)} layers)")
+    except StageError as e:
+        plan.check("layer_ids", False, e.message)
+        lp = None
+    vocab = (cfg.get("text_config") or cfg).get("vocab_size")
+    dv = drafter.get("draft_vocab_size")
+    if dv and vocab and dv > vocab:
+        plan.check("drafter_params", False, f"draft_vocab_size {dv} exceeds the target's "
+                   f"vocabulary ({vocab})")
+    elif "train" in parsed:
+        plan.check("drafter_params", True, f"{drafter.get('type')} drafter fits the target "
+                   f"(hidden {hidden_size(cfg)}, vocab {vocab})")
+    return lp
+
+
+def _records(plan: Plan, dataset: dict | None, target: dict, run: dict, parsed: dict,
+             sample: int, ctx: StageContext) -> list[int]:
+    from workers.stages.prepare import resolve_setup
+    from workers.stages.prepare.masks import RecordRejected, build_masker
+
+    if dataset is None:
+        plan.warnings.append("the dataset is still being ingested: record checks skipped")
+        return []
+    prep = parsed.get("prepare")
+    if prep is None:
+        return []
+    try:
+        tok, _, text, kwargs = resolve_setup(target, prep)
+    except StageError as e:
+        plan.check("chat_template", False, e.message)
+        return []
+    plan.check("chat_template", True, "the chat template compiles")
+    masker = build_masker(tok, text, kwargs, prep.train_on)
+    regen = (run.get("stages") or {}).get("generate") is not None
+    gen_tokens = (parsed["generate"].max_tokens if regen and "generate" in parsed else 0)
+    lengths, reasons = [], Counter()
+    n = 0
+    for rec in itertools.islice(iter_records(dataset["path"]), sample):
+        n += 1
+        if regen:
+            msgs = list(rec["messages"])
+            if not msgs or msgs[-1]["role"] != "assistant":
+                msgs.append({"role": "assistant", "content": PLACEHOLDER_ANSWER})
+            msgs = [({**m, "content": PLACEHOLDER_ANSWER} if m["role"] == "assistant" else m)
+                    for m in msgs]
+            rec = {**rec, "messages": msgs}
+        try:
+            out = masker.encode([masker.locate(rec)])[0]
+            if isinstance(out, RecordRejected):
+                raise out
+            if int(np.asarray(out.loss_mask).sum()) == 0:
+                raise RecordRejected("empty_mask", "no token is trained")
+            extra = (gen_tokens - len(masker.tokenizer(PLACEHOLDER_ANSWER)["input_ids"])
+                     if regen else 0)
+            lengths.append(len(out.input_ids) + max(0, extra))
+        except RecordRejected as e:
+            reason = f"{e.code}: {e.detail}" if e.detail else e.code
+            reasons[e.code] += 1
+            if len(plan.failures) < 50:
+                plan.failures.append({"id": rec["id"], "source": rec.get("source"),
+                                      "reason": reason})
+        ctx.progress(n, sample, "records", stage="plan")
+    bad = len(plan.failures) and sum(reasons.values())
+    plan.check("records_render", bad == 0,
+               f"all {n} sampled records render and mask" if not bad else
+               f"{bad} of {n} sampled records fail: " +
+               "; ".join(f"{k} x{v}" for k, v in reasons.most_common(5)),
+               failed=int(bad), sampled=n)
+    if lengths:
+        arr = np.asarray(lengths)
+        pct = {f"p{q}": int(np.percentile(arr, q)) for q in (50, 90, 99)} | {"max": int(arr.max())}
+        over = int((arr > prep.seq_length).sum())
+        plan.estimates["token_length_percentiles"] = pct
+        plan.check("lengths", over == 0 or prep.length_policy == "truncate",
+                   f"{over} of {len(arr)} sampled records exceed seq_length {prep.seq_length} "
+                   f"(policy {prep.length_policy}); p99 {pct['p99']} tokens")
+        if over and prep.length_policy == "truncate":
+            plan.warnings.append(f"{over} sampled records will be truncated to "
+                                 f"{prep.seq_length} tokens")
+    return lengths
+
+
+def _disk(plan: Plan, run: dict, lengths: list[int], dataset: dict | None, lp, parsed: dict,
+          disk_path: str, free_override: int | None) -> None:
+    from workers.stages.extract.planner import disk_check, estimate_hidden_state_bytes, human_bytes
+
+    total = count_records(dataset["path"]) if dataset else 0
+    tokens = int(np.mean(lengths) * total) if lengths else 0
+    plan.estimates["records"] = total
+    plan.estimates["tokens"] = tokens
+    offline = run.get("mode", "offline") == "offline" and "extract" in parsed
+    if not offline or lp is None:
+        plan.estimates["hidden_state_bytes"] = 0
+        return
+    need = estimate_hidden_state_bytes(tokens, lp.num_stored, lp.hidden_size,
+                                       parsed["extract"].dtype, total)
+    dc = disk_check(need, disk_path, parsed["extract"].disk_margin_bytes, free_override)
+    plan.estimates["hidden_state_bytes"] = need
+    plan.estimates["disk_free_bytes"] = dc.free_bytes
+    plan.check("disk", dc.ok, f"hidden states need {human_bytes(need)}; "
+               f"{human_bytes(dc.free_bytes)} free at {dc.path}" +
+               ("" if dc.ok else " — options: fewer samples, online mode, another volume "
+                                 "(DRAFTYARD_HOME)"))
+
+
+def run(spec: dict, ctx: StageContext) -> dict:
+    p = spec.get("params") or {}
+    run_body = p.get("run") or {}
+    target = spec["inputs"]["target"]
+    dataset = spec["inputs"].get("dataset")
+    plan = Plan()
+    parsed = _params(plan, run_body)
+    _thinking(plan, run_body)
+    lp = _layers_and_drafter(plan, run_body, target, parsed)
+    lengths = _records(plan, dataset, target, run_body, parsed, int(p.get("sample", 200)), ctx)
+    _disk(plan, run_body, lengths, dataset, lp, parsed, p.get("disk_path") or str(ctx.out_dir),
+          p.get("free_bytes_override"))
+    return {"ok": plan.ok, "checks": plan.checks, "estimates": plan.estimates,
+            "warnings": plan.warnings, "failures": plan.failures}
