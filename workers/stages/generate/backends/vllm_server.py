@@ -1,0 +1,220 @@
+"""The lifecycle of a `vllm serve` child process owned by the generate stage.
+
+Start it on the GPUs in CUDA_VISIBLE_DEVICES (inherited) on a free port, wait until /health
+answers, and stop it on every exit path. The server runs in its own session (process group),
+so stopping it reaches its engine and worker processes too (tensor/data parallel); it gets
+SIGTERM if the stage dies without unwinding (SIGKILL), through PR_SET_PDEATHSIG, and a
+restarted stage kills a server left over from a killed attempt (pid file in work_dir) before
+it asks the GPUs for memory again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from workers.stages.common import StageError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on now (the kernel's pick); vLLM binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def default_executable() -> list[str]:
+    """`vllm serve` from this interpreter's environment, else from PATH."""
+    cand = Path(sys.executable).parent / "vllm"
+    return [str(cand) if cand.exists() else "vllm", "serve"]
+
+
+def build_serve_command(executable: list[str] | None, model_path: str, *, port: int,
+                        served_name: str, tokenizer_path: str | None = None,
+                        tensor_parallel_size: int = 1, data_parallel_size: int = 1,
+                        gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
+                        seed: int = 0, extra_args: list[str] | None = None,
+                        host: str = "127.0.0.1") -> list[str]:
+    cmd = [*(executable or default_executable()), model_path,
+           "--host", host, "--port", str(port),
+           "--served-model-name", served_name,
+           "--tensor-parallel-size", str(tensor_parallel_size),
+           "--data-parallel-size", str(data_parallel_size),
+           "--gpu-memory-utilization", str(gpu_memory_utilization),
+           "--seed", str(seed),
+           # Ignore the model's generation_config.json sampling defaults: the request's
+           # params are the whole story (the transformers backend does the same).
+           "--generation-config", "vllm"]
+    if tokenizer_path and os.path.abspath(tokenizer_path) != os.path.abspath(model_path):
+        cmd += ["--tokenizer", tokenizer_path]
+    if max_model_len is not None:
+        cmd += ["--max-model-len", str(max_model_len)]
+    return cmd + list(extra_args or [])
+
+
+def _die_with(parent: int):
+    """preexec_fn: SIGTERM this child when `parent` dies, even by SIGKILL."""
+    def preexec() -> None:  # runs in the child between fork and exec
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            return  # not Linux/glibc: the stage's finally block and the pid file still cover it
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _group_members(pgid: int) -> list[int] | None:
+    """Live (non-zombie) processes of a process group, from /proc; None without /proc."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    members = []
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        # fields[0] is the state (field 3), fields[2] the process group (field 5).
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(d.name))
+    return members
+
+
+def _pgid_alive(pgid: int) -> bool:
+    members = _group_members(pgid)
+    if members is not None:
+        # A zombie leader (exited, not yet reaped) counts as gone: it holds no GPU memory.
+        return bool(members)
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _kill_group(pgid: int, grace_s: float, leader: subprocess.Popen | None = None) -> None:
+    """SIGTERM the whole group, then SIGKILL what is left after grace_s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if leader is not None:
+            leader.poll()  # reap our own child so it does not linger as a zombie
+        if not _pgid_alive(pgid):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+class VllmServer:
+    def __init__(self, command: list[str], port: int, log_path: Path, pid_path: Path,
+                 host: str = "127.0.0.1", env: dict | None = None, stop_grace_s: float = 30.0):
+        self.command = command
+        self.host = host
+        self.port = port
+        self.log_path = Path(log_path)
+        self.pid_path = Path(pid_path)
+        self.env = env
+        self.stop_grace_s = stop_grace_s
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def reap_stale(self) -> None:
+        """Kill a server a killed earlier attempt left behind. The pid file names its group
+        and the leader's start time, so a reused pid that runs something else is left alone
+        (vLLM retitles its processes, so the command line is no identity)."""
+        try:
+            pgid, started = (int(x) for x in self.pid_path.read_text().split()[:2])
+        except (OSError, ValueError):
+            return
+        if pgid > 1 and pgid != os.getpgrp() and _start_time(pgid) == started:
+            _kill_group(pgid, self.stop_grace_s)
+        self.pid_path.unlink(missing_ok=True)
+
+    def start(self) -> None:
+        self.reap_stale()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115  owned by the child from here
+        try:
+            self.proc = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.env, start_new_session=True, preexec_fn=_die_with(os.getpid()))
+        except OSError as e:  # no vllm executable here
+            raise StageError("backend_unavailable", f"cannot start {self.command[0]!r}: {e}; "
+                             "install vllm (pip install draftyard[gpu]) or set "
+                             "params.vllm.executable") from e
+        finally:
+            log.close()
+        # start_new_session: the child leads a new group whose id is its pid.
+        self.pid_path.write_text(f"{self.proc.pid} {_start_time(self.proc.pid) or 0}\n")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n_bytes: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - n_bytes))
+                return fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> None:
+        """Poll GET /health until 200; fail fast if the process exits first."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                if not self.alive():
+                    rc = self.proc.returncode if self.proc else None
+                    raise StageError("backend_failed", f"vllm serve exited with status {rc} "
+                                     "before it was healthy", {"log_tail": self.log_tail()})
+                try:
+                    if client.get(self.base_url + "/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass  # not listening yet
+                if time.monotonic() >= deadline:
+                    raise StageError("backend_timeout", f"vllm serve was not healthy after "
+                                     f"{timeout_s:.0f} s", {"log_tail": self.log_tail()})
+                time.sleep(poll_s)
+
+    def stop(self) -> None:
+        """Stop the server and everything it started. Idempotent."""
+        if self.proc is None:
+            return
+        _kill_group(self.proc.pid, self.stop_grace_s, leader=self.proc)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        self.proc = None
+        self.pid_path.unlink(missing_ok=True)
