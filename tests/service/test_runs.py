@@ -107,7 +107,7 @@ def test_plan_checks_layers_disk_and_thinking(api, worker, target, home):
 def test_cancel_run_during_train_then_retry_reuses_and_resumes(api, worker, target, home):
     ds = _dataset(api, home, "resume", _records(24))
     body = _body(target, ds, name="resume")
-    body["stages"]["train"].update(max_steps=150, checkpoint_every=3)
+    body["stages"]["train"].update(max_steps=150, epochs=200, checkpoint_every=3)
     run = api.post("/v1/runs", body, timeout=180)
     assert run.status_code == 201, run.text
     run = run.json()
