@@ -61,3 +61,29 @@ def target_input(model_dir: Path, **overrides) -> dict:
          "chat_template_kwargs": {}, "config": cfg}
     t.update(overrides)
     return t
+
+
+@pytest.fixture(scope="session")
+def train_data(tiny_target, tmp_path_factory):
+    """(target, tokenized set, hidden states) for the train stage tests: a small repetitive
+    chat set, the tiny target briefly trained on it, and its hidden states at layers 1, 4, 7
+    (see tests/stages/train_support.py)."""
+    from tests.stages import train_support as ts
+
+    base = tmp_path_factory.mktemp("train_data")
+    tok = ts.build_tokenized(tiny_target, base / "tokenized")
+    target = ts.train_target(tiny_target, tok, base / "target")
+    hs = ts.build_hidden_states(target, tok, base / "hidden_states")
+    return target, tok, hs
+
+
+@pytest.fixture(scope="session")
+def demo_target() -> Path:
+    """The demo target: the tiny Qwen3 briefly trained on stdlib code (varied greedy output).
+
+    Built once per machine and cached (the build is deterministic; see
+    workers/stages/demo_target.py), so only the first session pays for the training.
+    """
+    from workers.stages.demo_target import cached_demo_target
+
+    return cached_demo_target()

@@ -1,0 +1,126 @@
+"""Stage `evaluate`: measure a drafter's acceptance against its target before anyone serves it.
+
+inputs:
+    target            resolved target {"path", "tokenizer_path", "chat_template",
+                      "chat_template_kwargs", "config"}
+    drafter           {"path": speculators checkpoint dir (or a folder holding one), "meta"}
+    data              {"path", "meta", "kind": "tokenized" | "dataset"} held-out rows/prompts
+    baseline_drafter  {"path", "meta"} (optional)
+params: see `params.EvalParams`.
+output: artifact "report" of kind `eval_report` (out_dir/report: report.json, acceptance.png).
+
+Measures: `tau_sim` (teacher-forced, cheap), `specdec` (real greedy speculative decoding with
+the transformers backend: ground truth, with a token-for-token check against plain greedy
+output), `vllm` (GPU boxes: vLLM's own spec-decode counters). A tau below `min_tau` gives
+verdict "reject"; the job itself still succeeds.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from workers.stages.common import StageContext, StageError
+from workers.stages.evaluate.drafter import check_fit, read_drafter
+from workers.stages.evaluate.params import (
+    EvalParams,
+    parse_params,
+    require_input,
+    template_mismatch,
+    template_sha256,
+)
+
+__all__ = ["run"]
+
+
+def run(spec: dict, ctx: StageContext) -> dict:
+    t_start = time.monotonic()
+    p = parse_params(spec.get("params"))
+    inputs = spec.get("inputs") or {}
+    target = require_input(inputs, "target", ("path", "config"))
+    data = require_input(inputs, "data", ("path", "kind"))
+    if data["kind"] not in ("tokenized", "dataset"):
+        raise StageError("invalid_input", f"input 'data' kind must be 'tokenized' or 'dataset', "
+                         f"got {data['kind']!r}")
+    drafter_spec = read_drafter(require_input(inputs, "drafter")["path"])
+    check_fit(drafter_spec, target["config"])
+    base_in = inputs.get("baseline_drafter")
+    base_spec = read_drafter(require_input(inputs, "baseline_drafter")["path"]) if base_in else None
+    if base_spec is not None:
+        check_fit(base_spec, target["config"], label="baseline drafter")
+    if "vllm" in p.measures:
+        from workers.stages.evaluate.vllm_metrics import vllm_available
+
+        why = vllm_available()
+        if why:
+            raise StageError("vllm_unavailable", f"measure 'vllm' cannot run here: {why}")
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target.get("tokenizer_path") or target["path"],
+                                        local_files_only=True)
+    template = p.chat_template or target.get("chat_template") or (
+        tok.chat_template if isinstance(tok.chat_template, str) else None)
+    kwargs = {**(target.get("chat_template_kwargs") or {}), **p.chat_template_kwargs}
+    sha = template_sha256(template)
+    why = template_mismatch(data.get("meta") or {}, kwargs, sha)
+    if why and not p.allow_template_mismatch:
+        raise StageError("template_mismatch", f"held-out data was made with another chat "
+                         f"template or thinking mode than this evaluation: {why} (set "
+                         f"allow_template_mismatch to measure anyway)")
+    if why:
+        ctx.warning(f"template mismatch allowed: {why}")
+
+    from workers.stages.evaluate.measure import Evaluation
+
+    ev = Evaluation(p, target, tok, drafter_spec, base_spec, ctx)
+    prompts, rows = ev.load_data(data, template, kwargs)
+    report = ev.measure(prompts, rows, Path(ctx.work_dir))
+    report.update({
+        "target": {"path": str(target["path"])},
+        "data": {"path": str(data["path"]), "kind": data["kind"], "prompts": len(prompts),
+                 "rows": len(rows) if rows is not None else None},
+        "params": p.model_dump(),
+        "chat_template_sha256": sha,
+        "chat_template_kwargs": kwargs,
+        "enable_thinking": kwargs.get("enable_thinking"),
+        "template_mismatch": why,
+    })
+    report["verdict"], report["verdict_reason"] = verdict(report, p)
+    report["seconds"] = round(time.monotonic() - t_start, 2)
+
+    from workers.stages.evaluate.report import write_report
+
+    folder = write_report(Path(ctx.out_dir) / "report", report)
+    summary = {
+        "tau": report.get("tau"), "tau_sim": report.get("tau_sim"),
+        "tau_baseline": (report.get("baseline") or {}).get("tau"),
+        "tau_sim_baseline": (report.get("baseline") or {}).get("tau_sim"),
+        "verdict": report["verdict"],
+    }
+    ctx.artifact("report", "eval_report", folder,
+                 {**summary, "verdict_reason": report["verdict_reason"],
+                  "drafter": str(drafter_spec.path), "chat_template_kwargs": kwargs,
+                  "chat_template_sha256": sha})
+    return summary
+
+
+def verdict(report: dict, p: EvalParams) -> tuple[str, str]:
+    """Accept or reject on the most faithful tau measured: vLLM, then real greedy, then sim."""
+    measured = [(key, tau) for key, tau in (
+        ("vLLM", (report.get("vllm") or {}).get("tau")),
+        ("greedy speculative decoding", report.get("tau")),
+        ("simulated (teacher-forced)", report.get("tau_sim"))) if tau is not None]
+    if not measured:
+        return "reject", "no acceptance measure produced a value (no usable prompts or rows)"
+    key, tau = measured[0]
+    note = ""
+    lossless = report.get("lossless") or {}
+    if lossless.get("checked") and lossless.get("equal") != lossless.get("checked"):
+        note = (f"; note: {lossless['checked'] - lossless['equal']} of {lossless['checked']} "
+                f"speculative outputs differ from plain greedy output")
+    if p.min_tau is None:
+        return "accept", f"tau {tau:.3f} from {key}; no min_tau threshold set{note}"
+    if tau < p.min_tau:
+        return "reject", f"tau {tau:.3f} from {key} is below min_tau {p.min_tau}{note}"
+    return "accept", f"tau {tau:.3f} from {key} meets min_tau {p.min_tau}{note}"

@@ -1,0 +1,210 @@
+"""Drafters as proposers: given the target's hidden states so far, propose the next tokens.
+
+Built from the speculators model's own modules (embeddings, fc, decoder layers, norms, heads),
+so a checkpoint is evaluated exactly as it was trained; the wiring follows what speculators
+trains, read from `speculators/models/dflash/core.py` and `models/eagle3/core.py`:
+
+- DFlash (block diffusion): the target's aux hidden states for positions < p, projected by
+  `fc` + `hidden_norm`, are injected as extra keys/values; the query block is
+  [anchor token at p, mask, ..., mask] at positions p..p+K, attending non-causally to the
+  whole context and to itself; slot i (i >= 1) predicts the token at p + i. All K tokens come
+  from one forward.
+- EAGLE-3 (autoregressive over its own hidden states, "training-time test"): slot j takes the
+  token at j + 1 and the target's projected hidden state at j, and predicts the token at
+  j + 2; step k >= 1 feeds the previous step's prediction and output hidden state back in at
+  the next position, attending to every step-0 slot and to its own earlier steps.
+
+Both map draft-vocabulary ids to target ids through d2t (`target = draft + d2t[draft]`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.stages.common import StageError
+
+
+def _to_target(model: Any, draft_ids: Any) -> Any:
+    if getattr(model, "use_draft_vocab", False):
+        return draft_ids + model.d2t[draft_ids]
+    return draft_ids
+
+
+def check_window(model: Any, context_len: int) -> None:
+    """Sliding-window layers (speculators' default window is 2,048) attend like full
+    attention while the context fits the window, so evaluation is exact there; beyond it
+    this evaluator does not implement windowed attention and says so."""
+    win = getattr(model, "sliding_window", None)
+    if getattr(model, "uses_sliding_window_attn", False) and win and context_len > win:
+        raise StageError("unsupported_drafter", f"the context reached {context_len} tokens, "
+                         f"beyond the drafter's sliding window of {win}; evaluate does not "
+                         "implement windowed attention (use shorter prompts or max_new_tokens)")
+
+
+class DFlashProposer:
+    kind = "dflash"
+
+    def __init__(self, model: Any, num_spec: int | None = None):
+        if model.config.sample_from_anchor:
+            raise StageError("unsupported_drafter", "DFlash with sample_from_anchor=true "
+                             "(the anchor slot also predicts) is not supported by evaluate")
+        self.m = model
+        self.num_spec = int(num_spec or model.block_size - 1)
+        self.ctx: Any = None
+
+    def reset(self) -> None:
+        self.ctx = None
+
+    def extend(self, aux: Any) -> None:
+        """Append the target's aux hidden states of newly committed positions."""
+        import torch
+
+        proj = self.m.hidden_norm(self.m.fc(aux))  # shape: [1, q, hidden]
+        self.ctx = proj if self.ctx is None else torch.cat([self.ctx, proj], dim=1)
+        check_window(self.m, self.ctx.shape[1] + self.num_spec + 1)
+
+    def propose(self, tokens: list[int]) -> list[int]:
+        """K tokens after `tokens[-1]` (the anchor, whose hidden state is not in the context)."""
+        import torch
+
+        m, bs = self.m, self.num_spec + 1
+        t = self.ctx.shape[1]
+        dev = self.ctx.device
+        block = torch.full((1, bs), m.mask_token_id, dtype=torch.long, device=dev)
+        block[0, 0] = tokens[-1]
+        with torch.no_grad():
+            h = m.embed_tokens(block)  # shape: [1, bs, hidden]
+            pos = torch.arange(t + bs, device=dev).unsqueeze(0)  # context 0..t-1, block t..
+            pe = m.rotary_emb(h, pos)
+            # No mask: the block sees all of the context and itself (non-causal attention).
+            for layer in m.layers:
+                h = layer(hidden_states=h, target_hidden=self.ctx, attention_mask=None,
+                          position_ids=pos, position_embeddings=pe, use_cache=False)
+            logits = m.lm_head(m.norm(h[:, 1:]))  # shape: [1, K, draft_vocab]
+            return _to_target(m, logits.argmax(-1))[0].tolist()
+
+    def teacher_forced(self, aux: Any, input_ids: Any, anchors: Any) -> Any:
+        """Predictions [A, K] (target ids) for blocks anchored at `anchors` of one sequence.
+
+        aux: [1, T, L*hidden] for the whole sequence; input_ids: [T]; anchors: [A] positions.
+        Block j sees context positions < anchors[j] and its own block, as in training.
+        """
+        import torch
+
+        m, bs = self.m, self.num_spec + 1
+        t, a = aux.shape[1], anchors.numel()
+        dev = aux.device
+        with torch.no_grad():
+            ctx = m.hidden_norm(m.fc(aux))  # shape: [1, T, hidden]
+            tokens = torch.full((1, a * bs), m.mask_token_id, dtype=torch.long, device=dev)
+            tokens[0, ::bs] = input_ids[anchors]
+            q_anchor = anchors.repeat_interleave(bs)  # shape: [A*bs]
+            q_pos = (anchors[:, None] + torch.arange(bs, device=dev)[None, :]).reshape(-1)
+            pos = torch.cat([torch.arange(t, device=dev), q_pos]).unsqueeze(0)  # [1, T + A*bs]
+            see_ctx = torch.arange(t, device=dev)[None, :] < q_anchor[:, None]  # [A*bs, T]
+            blk = torch.arange(a * bs, device=dev) // bs
+            see_blk = blk[:, None] == blk[None, :]  # shape: [A*bs, A*bs]
+            mask = torch.cat([see_ctx, see_blk], dim=1)[None, None]  # [1, 1, A*bs, T + A*bs]
+            h = m.embed_tokens(tokens)
+            pe = m.rotary_emb(h, pos)
+            for layer in m.layers:
+                h = layer(hidden_states=h, target_hidden=ctx, attention_mask=mask,
+                          position_ids=pos, position_embeddings=pe, use_cache=False)
+            logits = m.lm_head(m.norm(h)).view(a, bs, -1)[:, 1:]  # shape: [A, K, draft_vocab]
+            return _to_target(m, logits.argmax(-1))
+
+
+class Eagle3Proposer:
+    kind = "eagle3"
+
+    def __init__(self, model: Any, num_spec: int | None = None):
+        self.m = model
+        trained = model.config.speculators_config.proposal_methods[0].speculative_tokens
+        self.num_spec = int(num_spec or trained)
+        self.ctx: Any = None
+
+    def reset(self) -> None:
+        self.ctx = None
+
+    def _project(self, aux: Any) -> Any:
+        """fc over the aux hidden states, with the optional norms the config asks for."""
+        import torch
+
+        m = self.m
+        if m.input_norm is not None:
+            aux = m.input_norm(aux)
+        if m.fc_norm is not None:
+            chunks = aux.chunk(len(m.fc_norm), dim=-1)
+            aux = torch.cat([n(c) for n, c in zip(m.fc_norm, chunks, strict=True)], dim=-1)
+        return m.fc(aux)
+
+    def extend(self, aux: Any) -> None:
+        import torch
+
+        with torch.no_grad():
+            proj = self._project(aux)  # shape: [1, q, hidden]
+        self.ctx = proj if self.ctx is None else torch.cat([self.ctx, proj], dim=1)
+        check_window(self.m, self.ctx.shape[1] + self.num_spec + 1)
+
+    def propose(self, tokens: list[int]) -> list[int]:
+        """K tokens after `tokens` (len T + 1: positions 0..T, hidden states known for 0..T-1)."""
+        import torch
+        from transformers import DynamicCache
+
+        m = self.m
+        t, dev = self.ctx.shape[1], self.ctx.device
+        in_ids = torch.tensor([tokens[1:t + 1]], dtype=torch.long, device=dev)  # j+1 for slot j
+        pos = torch.arange(1, t + 1, device=dev).unsqueeze(0)
+        hidden = self.ctx
+        cache = DynamicCache()
+        out: list[int] = []
+        with torch.no_grad():
+            for _ in range(self.num_spec):
+                hs = torch.cat([m.embed_tokens(in_ids), hidden], dim=-1)  # [1, q, 2*hidden]
+                pe = m.rotary_emb(hs, pos)
+                start = cache.get_seq_length()
+                cache_pos = torch.arange(start, start + hs.shape[1], device=dev)
+                # Step 0 (q = T) is causal over the slots (SDPA's is_causal when no mask is
+                # given); later steps (q = 1) see every cached slot and their own steps.
+                for layer in m.layers:
+                    hs = layer(hs, attention_mask=None, position_ids=pos, past_key_values=cache,
+                               cache_position=cache_pos, position_embeddings=pe)
+                last = hs[:, -1:]
+                if m.config.norm_output:
+                    last = m.norm(last)
+                    logits = m.lm_head(last)
+                else:
+                    logits = m.lm_head(m.norm(last))
+                tok = int(_to_target(m, logits.argmax(-1))[0, 0])
+                out.append(tok)
+                in_ids = torch.tensor([[tok]], dtype=torch.long, device=dev)
+                pos = pos[:, -1:] + 1
+                hidden = last
+        return out
+
+    def teacher_forced(self, aux: Any, input_ids: Any, anchors: Any) -> Any:
+        """Predictions [A, K] (target ids) for draft steps anchored at `anchors`.
+
+        Runs speculators' own training forward (teacher-forced TTT) once over the sequence;
+        the step anchored at position p is slot p - 1 of the shifted sequence.
+        """
+        import torch
+
+        m, k = self.m, self.num_spec
+        t, dev = input_ids.numel(), aux.device
+        with torch.no_grad():
+            drafts = m(hidden_states=aux[:, :-1], input_ids=input_ids[None, 1:],
+                       document_ids=torch.zeros(1, t - 1, dtype=torch.long, device=dev),
+                       position_ids=torch.arange(1, t, device=dev).unsqueeze(0), ttt_steps=k)
+        steps = torch.stack([_to_target(m, d[0]) for d in drafts], dim=1)  # shape: [T-1, K]
+        # Step s at slot j predicts the token at j + 2 + s; anchor p is slot p - 1.
+        return steps[anchors - 1]
+
+
+def make_proposer(model: Any, num_spec: int | None = None) -> DFlashProposer | Eagle3Proposer:
+    kind = model.config.speculators_model_type
+    if kind == "dflash":
+        return DFlashProposer(model, num_spec)
+    if kind == "eagle3":
+        return Eagle3Proposer(model, num_spec)
+    raise StageError("unsupported_drafter", f"drafter type {kind!r} is not supported")

@@ -1,0 +1,124 @@
+"""The target model as the evaluator drives it: forwards that return greedy logits plus the
+auxiliary hidden states a drafter reads, on a KV cache that can be rolled back.
+
+Aux layer id i is HF `output_hidden_states[i]` (index 0 is the embeddings), except that HF's
+last entry is taken after the final norm while speculators trains on the input of that norm
+(FIELD-NOTES.md "Hidden states"), so id N = num_hidden_layers reads the norm's input through a
+forward pre-hook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Step:
+    logits: Any        # [1, q, vocab] float
+    aux: Any           # [1, q, len(aux_ids) * hidden] float, or None when not asked for
+    last_hidden: Any   # [1, q, hidden] input of the final norm, or None
+
+
+class TargetRunner:
+    """One sequence at a time (batch 1), like a latency-bound serving request."""
+
+    def __init__(self, model: Any, aux_layer_ids: list[int] | None = None):
+        self.model = model
+        self.aux_ids = list(aux_layer_ids or [])
+        self.num_layers = int(model.config.get_text_config().num_hidden_layers)
+        self._pre_norm: Any = None
+        norm = model.get_decoder().norm
+        norm.register_forward_pre_hook(self._capture_pre_norm)
+        self.cache: Any = None
+
+    def _capture_pre_norm(self, _module: Any, args: tuple) -> None:
+        self._pre_norm = args[0]
+
+    def new_cache(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        # Linear-attention layers (Qwen3.5 hybrids) keep a running state instead of per-token
+        # keys; recording past states is what lets the cache roll back rejected draft tokens.
+        if hasattr(self.cache, "activate_past_recording"):
+            self.cache.activate_past_recording()
+
+    def forward(self, token_ids: list[int], with_hidden: bool = True,
+                last_logits_only: bool = False) -> Step:
+        """Run `token_ids` after what the cache holds; the cache then holds them too.
+
+        `last_logits_only` skips the full-vocabulary head for all but the last position
+        (a prefill needs only that one; FIELD-NOTES "logits_to_keep=1").
+        """
+        import torch
+
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.model.device)
+        with torch.no_grad():
+            out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
+                             output_hidden_states=with_hidden and bool(self.aux_ids),
+                             logits_to_keep=1 if last_logits_only else 0)
+        self.cache = out.past_key_values
+        if not (with_hidden and self.aux_ids):
+            return Step(out.logits, None, None)
+        hs = out.hidden_states
+        last = self._pre_norm
+        parts = [last if i == self.num_layers else hs[i] for i in self.aux_ids]
+        return Step(out.logits, torch.cat(parts, dim=-1), last)
+
+    def rollback(self, n_tokens: int) -> None:
+        """Forget the last `n_tokens` tokens (rejected draft tokens) from the cache."""
+        # crop(-n) removes n tokens; crop(0) also lets recording layers drop saved states.
+        self.cache.crop(-n_tokens if n_tokens > 0 else 0)
+
+    def full_forward(self, token_ids: list[int]) -> Step:
+        """A cache-less forward over a whole sequence (teacher forcing)."""
+        saved, self.cache = self.cache, None
+        try:
+            import torch
+
+            ids = torch.tensor([token_ids], dtype=torch.long, device=self.model.device)
+            with torch.no_grad():
+                out = self.model(input_ids=ids, use_cache=False, output_hidden_states=True)
+            hs = out.hidden_states
+            last = self._pre_norm
+            parts = [last if i == self.num_layers else hs[i] for i in self.aux_ids]
+            aux = torch.cat(parts, dim=-1) if parts else None
+            return Step(out.logits, aux, last)
+        finally:
+            self.cache = saved
+
+
+def device_and_dtype() -> tuple[str, Any]:
+    """CUDA in bfloat16 when a GPU is visible (a GPU box's leased device), else CPU float32."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda", torch.bfloat16
+    return "cpu", torch.float32
+
+
+def load_target(path: str | Path, device: str = "cpu", dtype: Any = None) -> Any:
+    """The target with SDPA attention in eval mode, on `device` (float32 by default)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32,
+                                                 attn_implementation="sdpa",
+                                                 local_files_only=True)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every token id that ends generation (config, generation config, tokenizer)."""
+    out: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        e = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(e, int):
+            out.add(e)
+        elif isinstance(e, (list, tuple)):
+            out.update(int(x) for x in e)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        out.add(int(tokenizer.eos_token_id))
+    return out

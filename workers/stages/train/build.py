@@ -1,0 +1,136 @@
+"""Build the speculators draft model (DFlash or EAGLE-3) for a `TrainJob`, with
+speculators' own constructors: `create_transformer_layer_config` (the decoder shaped from
+the target config), `build_vocab_mappings_from_distribution` (d2t/t2d),
+`<Model>.from_training_args` (config + verifier embeddings/lm_head/norm) and
+`<Model>.get_trainer_kwargs` (loss config per type). Nothing here touches a device.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from workers.stages.train.job import TrainJob
+
+# speculators' defaults for the decoder (TrainConfig): every draft layer uses sliding-window
+# attention of 2,048 unless listed as full attention; EAGLE-3 uses a llama decoder with
+# norm-before-fc and norm-output, DFlash a qwen3 decoder.
+SLIDING_WINDOW = 2048
+DRAFT_ARCH = {"dflash": "qwen3", "eagle3": "llama"}
+DFLASH_DECAY_GAMMA = 4.0
+DPACE_ALPHA = 0.5
+
+
+def vocab_mapping(job: TrainJob):
+    """(d2t, t2d) for a reduced draft vocabulary, or (None, None) for the full one.
+
+    Prefers the d2t/t2d files the prepare stage may have cached (speculators' data layout),
+    else builds them from token_freq.pt the way `speculators train` does."""
+    import numpy as np
+    import torch
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    n = job.draft_vocab_size
+    if n >= job.vocab_size:
+        return None, None
+    base = Path(job.tokenized_path)
+    d2t_file, t2d_file = base / f"d2t-{n}.npy", base / f"t2d-{n}.npy"
+    if d2t_file.is_file() and t2d_file.is_file():
+        d2t = torch.from_numpy(np.load(d2t_file))
+        t2d = torch.from_numpy(np.load(t2d_file))
+        if d2t.shape[0] == n and t2d.shape[0] == job.vocab_size:
+            return d2t, t2d
+    freq = torch.load(base / "token_freq.pt", weights_only=True)
+    freq = {int(k): int(v) for k, v in freq.items()}
+    return build_vocab_mappings_from_distribution(
+        token_freq_dict=freq, draft_vocab_size=n, target_vocab_size=job.vocab_size)
+
+
+def model_kwargs(job: TrainJob) -> dict:
+    """The flat kwargs speculators' `from_training_args` reads (its `vars(args)` shape)."""
+    d = job.p.drafter
+    kw = {
+        "verifier_name_or_path": job.target_path,
+        "target_layer_ids": list(job.layer_ids),
+        "draft_attn_impl": job.attention,
+        "draft_vocab_size": job.draft_vocab_size,
+    }
+    if d.type == "dflash":
+        kw.update(block_size=d.block_size, mask_token_id=job.mask_token_id)
+    else:
+        kw.update(ttt_steps=d.ttt_steps, norm_before_residual=True, norm_before_fc=True,
+                  fc_norm=False, norm_output=True, embed_requires_grad=False)
+    return kw
+
+
+def build_model(job: TrainJob):
+    """A freshly initialised draft model on CPU (the caller seeds torch first)."""
+    from speculators.model import SpeculatorModel
+    from speculators.train.cli import create_transformer_layer_config
+
+    d = job.p.drafter
+    layer_config = create_transformer_layer_config(
+        verifier_name_or_path=job.target_path, num_layers=d.num_layers,
+        draft_arch=DRAFT_ARCH[d.type], hidden_act=None, sliding_window=SLIDING_WINDOW,
+        full_attention_indices=[])
+    d2t, t2d = vocab_mapping(job)
+    model_class = SpeculatorModel.registry[d.type]
+    return model_class.from_training_args(verifier_config=layer_config, t2d=t2d, d2t=d2t,
+                                          **model_kwargs(job))
+
+
+def loss_implementation(device_type: str) -> str:
+    """The fused losses need Triton (GPU); CPU uses speculators' eager reference losses."""
+    if device_type != "cuda":
+        return "eager"
+    from importlib.util import find_spec
+
+    return "fused" if find_spec("triton") is not None else "eager"
+
+
+def trainer_kwargs(job: TrainJob, device_type: str) -> dict:
+    """Forward kwargs for the training step, from the model class (as speculators' CLI)."""
+    from speculators.model import SpeculatorModel
+
+    p = job.p
+    d = p.drafter
+    loss_fn = p.loss_fn
+    kwargs = {
+        "loss_fn": loss_fn, "loss_implementation": loss_implementation(device_type),
+        "per_position_loss_weight": p.dflash_weighting,
+        "dflash_decay_gamma": DFLASH_DECAY_GAMMA, "dpace_alpha": DPACE_ALPHA,
+        "max_anchors": d.num_anchors or 512, "ttt_steps": d.ttt_steps or 1,
+        "ttt_step_loss_decay": 1.0,
+    }
+    train_kwargs, _val = SpeculatorModel.registry[d.type].get_trainer_kwargs(**kwargs)
+    return train_kwargs
+
+
+def preprocess_fn(job: TrainJob):
+    """Per-sample shift EAGLE-3 needs before packing (speculators' `shift_batch`)."""
+    if job.p.drafter.type != "eagle3":
+        return None
+    from speculators.models.eagle3.data import shift_batch
+
+    return shift_batch
+
+
+def vllm_speculative_config(drafter_dir: str | Path) -> dict:
+    """vLLM's --speculative-config for a saved speculators checkpoint."""
+    cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
+    spec = cfg["speculators_config"]
+    method = spec["algorithm"]
+    proposal = next((m for m in spec.get("proposal_methods", [])
+                     if m.get("proposal_type") == spec.get("default_proposal_method")),
+                    (spec.get("proposal_methods") or [{}])[0])
+    return {"method": method, "num_speculative_tokens": int(proposal["speculative_tokens"])}
+
+
+def vllm_serve_command(target_path: str, drafter_path: str, spec_config: dict) -> str:
+    """`vllm serve <target> --speculative-config '{...}'`: the long form, which names the
+    target explicitly (the short form `vllm serve <drafter>` reads the verifier path from
+    the checkpoint, which may not exist where vLLM runs)."""
+    cfg = {"model": str(drafter_path), **spec_config}
+    return (f"vllm serve {shlex.quote(str(target_path))} "
+            f"--speculative-config {shlex.quote(json.dumps(cfg))}")
