@@ -9,9 +9,10 @@ import os
 import platform
 import subprocess
 import threading
+import time
 
 
-from app.cluster.service import heartbeat, register_node
+from app.cluster.service import first_live_node, heartbeat, mark_offline, register_node
 from app.core.config import get_settings
 from app.core.db import unit_of_work
 
@@ -40,19 +41,32 @@ def parse_gpus(spec: str | None) -> list[dict] | None:
 
 
 def _housekeeping(node: str, stop: threading.Event) -> None:
+    """Every tick: heartbeat, and a placement pass (recovers any lost nudge). The first live
+    node by name also reaps lost jobs and refreshes queue positions and pending reasons: one
+    node is enough, and each refresh reads every waiting job. If it dies, the next one takes
+    over once it is stale, which is also when its jobs become reapable."""
     from app.scheduler.nudge import nudge
     from app.scheduler.reaper import reap
     from app.scheduler.service import lock
 
     s = get_settings()
+    last_reasons, cost = 0.0, 0.0
     while not stop.is_set():
         try:
             with unit_of_work() as sess:
                 heartbeat(sess, node)
-            with unit_of_work() as sess:
-                lock(sess)
-                reap(sess)
-            nudge()
+                leader = first_live_node(sess) == node
+            if leader:
+                with unit_of_work() as sess:
+                    lock(sess)
+                    reap(sess)
+            t = time.monotonic()
+            # At most every second, and at most ~10% of the time on a long queue.
+            if leader and t - last_reasons >= max(1.0, 10 * cost):
+                nudge(with_reasons=True)
+                last_reasons, cost = t, time.monotonic() - t
+            else:
+                nudge()
         except Exception:  # noqa: BLE001  keep heartbeating through DB blips
             log.exception("housekeeping tick failed")
         stop.wait(min(1.0, s.heartbeat_s))
@@ -70,8 +84,9 @@ def run_worker(node: str, gpus_decl: str | None, concurrency: int | None = None,
                       info={"pid": os.getpid(), "declared": gpus_decl is not None})
     log.info("node %s registered with %d GPUs", node, len(gpus))
     stop = threading.Event()
-    threading.Thread(target=_housekeeping, args=(node, stop), daemon=True,
-                     name="housekeeping").start()
+    keeper = threading.Thread(target=_housekeeping, args=(node, stop), daemon=True,
+                              name="housekeeping")
+    keeper.start()
     from workers.celery_app import app
 
     conc = concurrency or (len(gpus) + s.cpu_slots + 1)
@@ -82,4 +97,10 @@ def run_worker(node: str, gpus_decl: str | None, concurrency: int | None = None,
         app.worker_main(argv)
     finally:
         stop.set()
+        keeper.join(10)  # its last heartbeat must not land after the offline mark
+        try:
+            with unit_of_work() as sess:
+                mark_offline(sess, node)
+        except Exception:  # noqa: BLE001  the reaper marks it dead after stale_after_s anyway
+            log.exception("could not mark node %s offline", node)
 

@@ -90,10 +90,23 @@ def _input_ids(resolved: dict) -> list[str]:
     return ids
 
 
-def finish(job_id: str, outcome: StageOutcome, out_dir: Path) -> None:
+def _ours(job: Job, attempt: int | None) -> bool:
+    """Fence: only the attempt that still owns the job may record its end or free its GPUs
+    (after a requeue the GPUs under this job id may belong to the next attempt)."""
+    return attempt is None or (job.attempt == attempt and
+                               job.status in (S.running.value, S.cancelling.value))
+
+
+def finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | None = None) -> None:
     settings = get_settings()
     with unit_of_work() as s:
-        job = s.get(Job, job_id)
+        # Row lock: the reaper (SKIP LOCKED) cannot requeue the job under us meanwhile.
+        job = s.get(Job, job_id, with_for_update=True)
+        if outcome.lost or not _ours(job, attempt):
+            log.warning("job %s attempt %s: no longer owned by this worker (now %s, attempt "
+                        "%s); nothing recorded", job_id, attempt, job.status, job.attempt)
+            shutil.rmtree(out_dir, ignore_errors=True)
+            return
         status = S(job.status)
         if outcome.returncode == 0 and status in (S.running, S.cancelling):
             try:
@@ -162,21 +175,23 @@ def run_job(job_id: str, node: str) -> str:
         log.info("job %s: nothing to claim (duplicate or stale delivery)", job_id)
         return "skipped"
     out_dir = None
+    attempt = None
     try:
         spec_path, events, gpus, type_, attempt = prepare_spec(job_id)
         out_dir = Path(json.loads(spec_path.read_text())["out_dir"])
-        sup = Supervisor(job_id, type_, spec_path, spec_path.parent, events, gpus)
+        sup = Supervisor(job_id, type_, spec_path, spec_path.parent, events, gpus, attempt)
         sup.start()
         outcome = sup.watch()
-        finish(job_id, outcome, out_dir)
+        finish(job_id, outcome, out_dir, attempt)
     except Exception as e:  # noqa: BLE001  infrastructure failure: record it, never hang
         log.exception("job %s failed in the worker", job_id)
         with unit_of_work() as s:
-            job = s.get(Job, job_id)
-            if job.status in (S.running.value, S.cancelling.value):
-                transition(s, job, S.failed, error={"code": "worker_error",
-                                                    "message": f"{type(e).__name__}: {e}"})
-            release_gpus(s, job_id)
-            hooks.on_finished(s, job)
+            job = s.get(Job, job_id, with_for_update=True)
+            if attempt is None or _ours(job, attempt):
+                if job.status in (S.running.value, S.cancelling.value):
+                    transition(s, job, S.failed, error={"code": "worker_error",
+                                                        "message": f"{type(e).__name__}: {e}"})
+                release_gpus(s, job_id)
+                hooks.on_finished(s, job)
     nudge()
     return "done"

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy import select
+
 from app.core.config import get_settings
 from app.core.db import unit_of_work, utcnow
 from app.jobs.service import add_event
@@ -23,6 +25,7 @@ from app.models import Job
 log = logging.getLogger("draftyard.supervisor")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PR_SET_PDEATHSIG = 1
+LOST = "lost"  # _pump_events: this attempt no longer owns the job
 
 
 def _die_with_parent() -> None:
@@ -56,12 +59,16 @@ class StageOutcome:
     error: dict | None
     result: dict | None
     artifacts: list[dict]
+    # The job was taken from this worker (reaped and requeued, or failed) while the stage
+    # ran: the stage was killed and nothing of this attempt may be recorded.
+    lost: bool = False
 
 
 class Supervisor:
     def __init__(self, job_id: str, stage_type: str, spec_path: Path, job_dir: Path,
-                 events_path: Path, gpus: list[int]):
+                 events_path: Path, gpus: list[int], attempt: int | None = None):
         self.job_id = job_id
+        self.attempt = attempt
         self.type = stage_type
         self.spec_path = spec_path
         self.job_dir = job_dir
@@ -119,6 +126,14 @@ class Supervisor:
             status = self._pump_events(heartbeat=now - last_hb >= self.settings.heartbeat_s)
             if now - last_hb >= self.settings.heartbeat_s:
                 last_hb = now
+            if status == LOST:
+                # Our lease is gone (the reaper gave the GPUs back, maybe to another job):
+                # stop at once so no GPU carries two jobs and the job never runs twice.
+                log.warning("job %s attempt %s: taken from this worker; killing the stage",
+                            self.job_id, self.attempt)
+                self._signal_group(signal.SIGKILL)
+                self.proc.wait()
+                return StageOutcome(-signal.SIGKILL, False, None, None, [], lost=True)
             if status in ("cancelling", "cancelled") and cancel_at is None:
                 cancel_at = now
                 self._signal_group(signal.SIGTERM)
@@ -149,14 +164,28 @@ class Supervisor:
                     continue
         if not lines and not heartbeat:
             with unit_of_work() as s:
-                return s.scalar(Job.__table__.select().with_only_columns(Job.status)
-                                .where(Job.id == self.job_id))
+                row = s.execute(select(Job.status, Job.attempt)
+                                .where(Job.id == self.job_id)).first()
+                return self._status_if_ours(row)
         with unit_of_work() as s:
             job = s.get(Job, self.job_id)
+            status = self._status_if_ours(job and (job.status, job.attempt))
+            if status == LOST:
+                return LOST  # another attempt's events and heartbeat are not ours to write
             for ev in lines:
                 self._apply(s, job, ev)
             job.heartbeat_at = utcnow()
-            return job.status
+            return status
+
+    def _status_if_ours(self, row) -> str:
+        """The job's status, or LOST when this attempt no longer owns it."""
+        if row is None:
+            return LOST
+        status, attempt = row
+        if status not in ("running", "cancelling", "cancelled") or (
+                self.attempt is not None and attempt != self.attempt):
+            return LOST
+        return status
 
     def _apply(self, s, job: Job, ev: dict) -> None:
         kind, data = ev.get("kind"), ev.get("data") or {}

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
+from app.core.config import get_settings
 from app.core.db import utcnow
 from app.core.errors import Forbidden, NotFound
 from app.models import Gpu, Job, Node, User
@@ -31,11 +34,25 @@ def register_node(session: Session, name: str, gpus: list[dict], *, hostname: st
         session.execute(delete(Gpu).where(Gpu.node == name, Gpu.index.in_(gone)))
 
 
+def mark_offline(session: Session, name: str) -> None:
+    """A worker stopping cleanly: no new work goes to it from now (not after stale_after_s)."""
+    node = session.get(Node, name)
+    if node is not None:
+        node.alive = False
+
+
 def heartbeat(session: Session, name: str) -> None:
     node = session.get(Node, name)
     if node is not None:
         node.last_heartbeat = utcnow()
         node.alive = True
+
+
+def first_live_node(session: Session) -> str | None:
+    """The live node first by name: the one that reaps and refreshes queue reasons."""
+    cutoff = utcnow() - timedelta(seconds=get_settings().stale_after_s)
+    return session.scalar(select(func.min(Node.name)).where(Node.alive.is_(True),
+                                                            Node.last_heartbeat >= cutoff))
 
 
 def set_drain(session: Session, user: Principal, name: str, draining: bool) -> Node:
@@ -45,38 +62,57 @@ def set_drain(session: Session, user: Principal, name: str, draining: bool) -> N
     if node is None:
         raise NotFound(f"node {name} not found", param="name")
     node.draining = draining
+    if not draining:
+        from app.jobs.service import nudge_after_commit
+
+        nudge_after_commit(session)  # its GPUs are usable again
     return node
 
 
 def nodes_view(session: Session) -> list[dict]:
+    """Every registered node; `alive` means heartbeating within stale_after_s, `schedulable`
+    alive and not draining (what the scheduler places jobs on)."""
+    cutoff = utcnow() - timedelta(seconds=get_settings().stale_after_s)
     gpus: dict[str, list[dict]] = {}
     for g in session.scalars(select(Gpu).order_by(Gpu.node, Gpu.index)):
         gpus.setdefault(g.node, []).append({"index": g.index, "name": g.name,
                                             "memory_bytes": g.memory_bytes, "job_id": g.job_id})
-    return [{"name": n.name, "hostname": n.hostname, "alive": n.alive, "draining": n.draining,
-             "last_heartbeat": n.last_heartbeat, "cpu_slots": n.cpu_slots, "info": n.info,
-             "gpus": gpus.get(n.name, [])}
-            for n in session.scalars(select(Node).order_by(Node.name))]
+    out = []
+    for n in session.scalars(select(Node).order_by(Node.name)):
+        hb = n.last_heartbeat if n.last_heartbeat.tzinfo else \
+            n.last_heartbeat.replace(tzinfo=cutoff.tzinfo)
+        mine = gpus.get(n.name, [])
+        alive = n.alive and hb >= cutoff  # the scheduler's own test (node_states)
+        out.append({"name": n.name, "hostname": n.hostname, "alive": alive,
+                    "draining": n.draining, "schedulable": alive and not n.draining,
+                    "last_heartbeat": n.last_heartbeat, "cpu_slots": n.cpu_slots,
+                    "info": n.info, "gpus_total": len(mine),
+                    "gpus_free": sum(1 for g in mine if g["job_id"] is None), "gpus": mine})
+    return out
 
 
 def queue_view(session: Session) -> dict:
     from app.jobs.render import jobs_read
-    from app.scheduler.service import usage_by_owner
+    from app.scheduler.reads import usage_by_owner
 
     active = list(session.scalars(select(Job).where(
         Job.status.in_(("dispatched", "running", "cancelling"))).order_by(Job.started_at)))
     waiting = list(session.scalars(select(Job).where(Job.status.in_(("queued", "pending")))
                                    .order_by(Job.queue_position.is_(None), Job.queue_position,
                                              Job.created_at).limit(500)))
-    names = dict(session.execute(select(User.id, User.name)))
+    names = dict(session.execute(select(User.id, User.name)).all())
     usage = usage_by_owner(session, utcnow())
-    counts = dict(session.execute(select(Job.owner_id, func.count()).where(
-        Job.status.in_(("queued", "pending"))).group_by(Job.owner_id)))
+    counts = {o: (int(n), int(g or 0)) for o, n, g in session.execute(
+        select(Job.owner_id, func.count(), func.sum(Job.gpus_requested))
+        .where(Job.status.in_(("queued", "pending"))).group_by(Job.owner_id))}
     users = sorted(set(usage) | set(counts))
     return {
         "running": jobs_read(session, active),
         "waiting": jobs_read(session, waiting),
-        "users": [{"id": u, "name": names.get(u), "gpus_held": usage.get(u).gpus_held if u in usage else 0,
+        "quota_gpus": get_settings().user_gpu_quota or None,
+        "users": [{"id": u, "name": names.get(u),
+                   "gpus_held": usage[u].gpus_held if u in usage else 0,
                    "gpu_hours_24h": round(usage[u].gpu_hours, 4) if u in usage else 0.0,
-                   "waiting": counts.get(u, 0)} for u in users],
+                   "waiting": counts.get(u, (0, 0))[0],
+                   "gpus_waiting": counts.get(u, (0, 0))[1]} for u in users],
     }

@@ -2,16 +2,23 @@
 
 Order: priority, then fair share between users (fewer GPUs held now, then fewer recent
 GPU-hours), then age. A GPU job that does not fit waits; smaller jobs may pass it only until
-it has waited `backfill_bound_s` (aging), after which GPUs are held back for it: no starvation.
+it has waited `backfill_bound_s` (aging). After that it goes first within its priority and,
+if it still does not fit, reserves the node closest to fitting it: nothing new starts there
+until it fits, so it waits at most for that node's running jobs (no starvation). Jobs may
+still start on the other nodes.
+
+Placement is best fit (the node with the fewest free GPUs that still fits), which keeps
+whole nodes free for big jobs. A GPU is handed out at most once per plan.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class Waiting:
     id: str
     owner: str
@@ -40,80 +47,151 @@ class Usage:
 class Plan:
     dispatch: list[tuple[str, str | None, list[int]]] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
+    # Jobs in the order the policy considered them (dispatched ones included); with `top`
+    # set, jobs past the top that could not start anyway are left out.
     order: list[str] = field(default_factory=list)
+    reserved: dict[str, str] = field(default_factory=dict)  # node -> aged job holding it
 
 
-def _place(nodes: list[NodeState], n: int) -> NodeState | None:
-    """Best fit: the schedulable node with the fewest free GPUs that still fits n."""
-    fits = [nd for nd in nodes if nd.schedulable and len(nd.free) >= n]
+def _place(nodes: list[NodeState], n: int, skip: dict[str, str]) -> NodeState | None:
+    """Best fit: the schedulable, unreserved node with the fewest free GPUs that fits n."""
+    fits = [nd for nd in nodes if nd.schedulable and nd.name not in skip and len(nd.free) >= n]
     return min(fits, key=lambda nd: (len(nd.free), nd.name)) if fits else None
 
 
+def _reserve_for(nodes: list[NodeState], n: int, skip: dict[str, str]) -> NodeState | None:
+    """The node an aged job waits on: big enough, unreserved, closest to fitting it."""
+    able = [nd for nd in nodes if nd.schedulable and nd.name not in skip and nd.total >= n]
+    return min(able, key=lambda nd: (-len(nd.free), nd.name)) if able else None
+
+
+def _free_text(nodes: list[NodeState], n: int) -> str:
+    live = [nd for nd in nodes if nd.schedulable]
+    total = sum(len(nd.free) for nd in live)
+    best = max((len(nd.free) for nd in live), default=0)
+    if best == total:
+        return f"waiting for {n} GPUs, {total} free"
+    return f"waiting for {n} GPUs on one node, {best} free on the emptiest ({total} free in all)"
+
+
+def job_order(w: Waiting) -> tuple:
+    """A user's own jobs: higher priority first, then older first."""
+    return (-w.priority, w.queued_at, w.id)
+
+
+def could_matter(w: Waiting, most_free: int, cpu_free: int, now: float,
+                 backfill_bound_s: float) -> bool:
+    """Whether a job can change a placement-only plan: it could start (a CPU slot or a node
+    with enough free GPUs now; GPUs only get fewer during a plan), or it waited past the
+    bound (it may hold a node back). Others are only given a reason, so a plan over the jobs
+    that could matter places exactly what a plan over all of them places.
+    app/scheduler/reads.py asks the database for these same jobs."""
+    if w.held:
+        return False
+    if w.gpus == 0:
+        return cpu_free > 0
+    return w.gpus <= most_free or now - w.queued_at > backfill_bound_s
+
+
 def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage], *,
-         now: float, quota: int = 0, backfill_bound_s: float = 300.0, cpu_free: int = 0) -> Plan:
+         now: float, quota: int = 0, backfill_bound_s: float = 300.0, cpu_free: int = 0,
+         top: int | None = None, presorted: bool = False) -> Plan:
+    """Decide what starts now and why the rest waits.
+
+    `top`: how many waiting jobs need a position and a reason; past it the walk stops as soon
+    as nothing else could start (keeps a decision cheap with thousands queued).
+    `presorted`: `waiting` is already in `job_order` (the database sorted it; sorting 10,000
+    jobs in Python would cost more than the rest of a decision).
+    """
     out = Plan()
+    nodes = [NodeState(nd.name, list(nd.free), nd.total, nd.cpu_free, nd.schedulable)
+             for nd in nodes]
     usage = {k: Usage(v.gpus_held, v.gpu_hours) for k, v in usage.items()}
-    total_gpus = sum(nd.total for nd in nodes if nd.schedulable)
     max_node = max((nd.total for nd in nodes if nd.schedulable), default=0)
 
-    # Per user: own jobs by (priority desc, age). Across users: a heap on the head job.
+    # Per user: own jobs by (priority desc, age). Across users: a heap on each user's head.
     per_user: dict[str, list[Waiting]] = {}
-    for w in waiting:
+    for w in (waiting if presorted else sorted(waiting, key=job_order)):
         per_user.setdefault(w.owner, []).append(w)
     for lst in per_user.values():
-        lst.sort(key=lambda w: (-w.priority, w.queued_at, w.id))
-        lst.reverse()  # pop() from the end = best first
+        lst.reverse()  # pop() = best
+    # What could still start: GPU counts of the jobs not yet considered, and CPU jobs left.
+    left = Counter(w.gpus for w in waiting if not w.held)
 
-    def key(owner: str):
+    def key(owner: str) -> tuple:
         w = per_user[owner][-1]
-        u = usage.get(owner, Usage())
-        return (-w.priority, u.gpus_held, u.gpu_hours, w.queued_at, w.id)
+        if w.gpus and now - w.queued_at > backfill_bound_s:
+            # Aged: first within its priority, oldest first, whatever its owner's usage.
+            return (-w.priority, 0, 0, 0.0, w.queued_at, w.id)
+        u = usage.get(owner) or Usage()
+        return (-w.priority, 1, u.gpus_held, u.gpu_hours, w.queued_at, w.id)
+
+    def could_start() -> bool:
+        if cpu_left > 0 and left[0] > 0:
+            return True
+        sizes = [n for n, c in left.items() if n and c > 0]
+        if not sizes:
+            return False
+        most = max((len(nd.free) for nd in nodes
+                    if nd.schedulable and nd.name not in out.reserved), default=0)
+        return min(sizes) <= most
 
     heap = [(key(o), o) for o in per_user]
     heapq.heapify(heap)
-    reserved = False  # an aged big job holds the GPUs back from smaller ones
-    free_total = sum(len(nd.free) for nd in nodes if nd.schedulable)
     cpu_left = cpu_free
+    waiting_count = 0  # jobs given a position (considered and not started)
+    gpu_waits: list[tuple[str, int]] = []  # reasons that quote free GPUs, filled in at the end
     while heap:
-        k, owner = heapq.heappop(heap)
-        if k != key(owner):  # usage changed since pushed: re-key
-            heapq.heappush(heap, (key(owner), owner))
-            continue
+        if top is not None and waiting_count >= top and not could_start():
+            break
+        # Only the popped user's usage can change below, so every key in the heap stays
+        # current; this user's next job is pushed once the decision on this one is made.
+        owner = heapq.heappop(heap)[1]
         w = per_user[owner].pop()
         out.order.append(w.id)
-        if per_user[owner]:
-            heapq.heappush(heap, (key(owner), owner))
-        u = usage.setdefault(owner, Usage())
+        if not w.held:
+            left[w.gpus] -= 1
+        started = False
         if w.held:
             out.reasons[w.id] = "held by its owner or an admin"
-            continue
-        if w.gpus == 0:
+        elif w.gpus == 0:
             if cpu_left > 0:
                 cpu_left -= 1
                 out.dispatch.append((w.id, None, []))
+                started = True
             else:
                 out.reasons[w.id] = "waiting for a CPU slot (all busy)"
-            continue
-        if w.gpus > max_node:
+        elif w.gpus > max_node:
             out.reasons[w.id] = (f"needs {w.gpus} GPUs on one node; the largest schedulable "
-                                 f"node has {max_node}" if total_gpus else
+                                 f"node has {max_node}" if max_node else
                                  "no schedulable node with GPUs is registered")
-            continue
-        if quota and u.gpus_held + w.gpus > quota:
+        elif quota and (u := usage.get(owner) or Usage()).gpus_held + w.gpus > quota:
             out.reasons[w.id] = f"user quota {quota} GPUs reached ({u.gpus_held} held)"
-            continue
-        if reserved:
-            out.reasons[w.id] = "GPUs held back for an older job that has waited too long"
-            continue
-        nd = _place(nodes, w.gpus)
-        if nd is None:
-            out.reasons[w.id] = f"waiting for {w.gpus} GPUs, {free_total} free"
+        elif (nd := _place(nodes, w.gpus, out.reserved)) is not None:
+            take = sorted(nd.free)[: w.gpus]
+            nd.free = [i for i in nd.free if i not in take]
+            usage.setdefault(owner, Usage()).gpus_held += w.gpus
+            out.dispatch.append((w.id, nd.name, take))
+            started = True
+        elif _place(nodes, w.gpus, {}) is not None:
+            # It would fit, but only on nodes held back for older jobs.
+            holders = sorted(set(out.reserved.values()))
+            out.reasons[w.id] = (f"GPUs held back for {', '.join(holders)}, waiting longer than "
+                                 f"{backfill_bound_s:g}s")
+        else:
+            gpu_waits.append((w.id, w.gpus))
             if now - w.queued_at > backfill_bound_s:
-                reserved = True
-            continue
-        take = sorted(nd.free)[: w.gpus]
-        nd.free = [i for i in nd.free if i not in take]
-        free_total -= w.gpus
-        u.gpus_held += w.gpus
-        out.dispatch.append((w.id, nd.name, take))
+                r = _reserve_for(nodes, w.gpus, out.reserved)
+                if r is not None:
+                    out.reserved[r.name] = w.id
+        if not started:
+            waiting_count += 1
+        if per_user[owner]:
+            heapq.heappush(heap, (key(owner), owner))
+    for job_id, n in gpu_waits:
+        text = _free_text(nodes, n)
+        mine = [nd for nd, j in out.reserved.items() if j == job_id]
+        if mine:
+            text += f"; waited over {backfill_bound_s:g}s, so {mine[0]} is held for it"
+        out.reasons[job_id] = text
     return out

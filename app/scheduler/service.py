@@ -4,12 +4,14 @@ oversubscribed) and dispatch in policy order. Tasks are sent after commit."""
 
 from __future__ import annotations
 
+import gc
+import json
 import logging
-import time
-from datetime import timedelta
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.orm import Session
 
 from app.core.broker import send_run_job
@@ -19,11 +21,29 @@ from app.jobs import catalog
 from app.jobs.inputs import Unresolved, fingerprint, resolve
 from app.jobs.service import add_event, transition
 from app.jobs.states import JobStatus as S
-from app.models import Artifact, Gpu, GpuLease, Job, Node
-from app.scheduler.policy import NodeState, Usage, Waiting, plan
+from app.models import Artifact, Gpu, GpuLease, Job
+from app.scheduler.policy import Usage, Waiting, plan
+from app.scheduler.reads import (GPUS, HELD, ID, NEEDS_FP, OWNER, PRIO, QAT, POS, REASON,
+                                 STATUS, node_states, queued_in_order, recent_gpu_hours,
+                                 waiting_rows)
 
 log = logging.getLogger("draftyard.scheduler")
 LOCK_KEY = 7_100_427  # pg_advisory_xact_lock key of the scheduler
+REASONS_TOP = 1000  # waiting jobs that get a queue_position and pending_reason
+
+
+@contextmanager
+def _gc_paused():
+    """No cyclic GC while a decision builds its 10,000 small objects: a full collection
+    triggered by them walks the whole process heap (tens of ms in the API process) and none
+    of these objects form cycles. Re-enabled right after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def lock(session: Session) -> None:
@@ -33,12 +53,13 @@ def lock(session: Session) -> None:
     session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
 
 
-def _promote_pending(session: Session) -> None:
-    pending = list(session.scalars(select(Job).where(Job.status == S.pending.value)))
+def _promote_pending(session: Session, pending: list[Job]) -> None:
     if not pending:
         return
     dep_ids = {d for j in pending for d in j.depends_on}
-    states = dict(session.execute(select(Job.id, Job.status).where(Job.id.in_(dep_ids)))) if dep_ids else {}
+    # .all(): dict() of a Result would take it for a mapping (it has .keys()).
+    states = dict(session.execute(select(Job.id, Job.status).where(Job.id.in_(dep_ids))).all()) \
+        if dep_ids else {}
     for j in pending:
         waiting = [d for d in j.depends_on if states.get(d) != S.succeeded.value]
         if not waiting:
@@ -79,87 +100,64 @@ def _reuse(session: Session, queued: list[Job]) -> None:
         add_event(session, j.id, "log", {"message": f"reused the outputs of {prev.id}"})
 
 
-def usage_by_owner(session: Session, now) -> dict[str, Usage]:
-    usage: dict[str, Usage] = {}
-    for owner, n in session.execute(select(GpuLease.owner_id, func.count())
-                                    .where(GpuLease.end_at.is_(None)).group_by(GpuLease.owner_id)):
-        usage.setdefault(owner, Usage()).gpus_held = int(n)
-    since = now - timedelta(hours=24)
-    for owner, start, end in session.execute(select(GpuLease.owner_id, GpuLease.start_at,
-                                                    GpuLease.end_at)
-                                             .where((GpuLease.end_at.is_(None)) |
-                                                    (GpuLease.end_at > since))):
-        start = start if start.tzinfo else start.replace(tzinfo=now.tzinfo)
-        end = (end if end is None or end.tzinfo else end.replace(tzinfo=now.tzinfo)) or now
-        usage.setdefault(owner, Usage()).gpu_hours += max(0.0, (end - max(start, since)).total_seconds()) / 3600
-    return usage
-
-
-def node_states(session: Session) -> tuple[list[NodeState], int]:
-    s = get_settings()
-    cutoff = utcnow() - timedelta(seconds=s.stale_after_s)
-    nodes = {n.name: n for n in session.scalars(select(Node))}
-    states: dict[str, NodeState] = {}
-    cpu_total = 0
-    for name, n in nodes.items():
-        hb = n.last_heartbeat if n.last_heartbeat.tzinfo else n.last_heartbeat.replace(tzinfo=cutoff.tzinfo)
-        ok = n.alive and hb >= cutoff and not n.draining
-        states[name] = NodeState(name=name, free=[], total=0, schedulable=ok)
-        if ok:
-            cpu_total += n.cpu_slots
-    for g in session.scalars(select(Gpu)):
-        st = states.get(g.node)
-        if st is None:
-            continue
-        st.total += 1
-        if g.job_id is None:
-            st.free.append(g.index)
-    cpu_busy = session.scalar(select(func.count()).select_from(Job).where(
-        Job.gpus_requested == 0, Job.status.in_(("dispatched", "running", "cancelling")))) or 0
-    return list(states.values()), max(0, cpu_total - cpu_busy)
-
-
-def schedule_once(session: Session, *, with_reasons: bool = True) -> list[str]:
-    """One decision. Returns the ids of jobs dispatched (their tasks go out after commit)."""
-    lock(session)
-    _promote_pending(session)
+def _promote_and_reuse(session: Session, ids: list[str]) -> bool:
+    """Pending jobs whose inputs are ready become queued; new queued jobs get a fingerprint
+    and may reuse finished work. Returns whether any job changed status."""
+    todo = list(session.scalars(select(Job).where(Job.id.in_(ids))))
+    before = {j.id: j.status for j in todo}
+    pending = [j for j in todo if j.status == S.pending.value]
+    _promote_pending(session, pending)
+    fresh = [j for j in todo if j.status == S.queued.value and j.fingerprint is None
+             and j.type not in catalog.NEVER_REUSE]
+    if fresh:
+        _reuse(session, fresh)
     session.flush()
-    queued = list(session.scalars(select(Job).where(Job.status == S.queued.value,
-                                                    Job.fingerprint.is_(None))))
-    if queued:
-        _reuse(session, queued)
-        session.flush()
+    return any(j.status != before[j.id] for j in todo)
+
+
+def schedule_once(session: Session, *, with_reasons: bool = True,
+                  on_locked: Callable[[], None] | None = None) -> list[str]:
+    """One decision. Returns the ids of jobs dispatched (their tasks go out after commit).
+
+    `with_reasons`: also refresh `queue_position`/`pending_reason` of the first
+    REASONS_TOP waiting jobs (only rows whose value changed are written).
+    `on_locked`: called once the scheduler lock is held, before anything is read."""
+    lock(session)
+    if on_locked is not None:
+        on_locked()
     now = utcnow()
-    rows = session.execute(select(Job.id, Job.owner_id, Job.priority, Job.gpus_requested,
-                                  Job.queued_at, Job.held).where(Job.status == S.queued.value)).all()
-    if not rows:
-        return []
-    waiting = [Waiting(r.id, r.owner_id, r.priority, r.gpus_requested,
-                       (r.queued_at or now).timestamp(), r.held) for r in rows]
-    nodes, cpu_free = node_states(session)
-    s = get_settings()
-    p = plan(waiting, nodes, usage_by_owner(session, now), now=time.time(), quota=s.user_gpu_quota,
-             backfill_bound_s=s.backfill_bound_s, cpu_free=cpu_free)
+    cfg = get_settings()
+    nodes, cpu_free, held = node_states(session)
+    # Placement only: read just the jobs that could start or hold a node back.
+    most = max((len(nd.free) for nd in nodes if nd.schedulable), default=0)
+    only = None if with_reasons else (most, cpu_free > 0,
+                                      now.timestamp() - cfg.backfill_bound_s)
+    rows = waiting_rows(session, with_reasons, only)
+    todo = [r[ID] for r in rows if r[STATUS] == S.pending.value or r[NEEDS_FP]]
+    if todo and _promote_and_reuse(session, todo):
+        rows = waiting_rows(session, with_reasons, only)  # some moved on: read them again
+    with _gc_paused():
+        rows = queued_in_order(rows)
+        if not rows:
+            return []
+        now_ts = now.timestamp()
+        waiting = [Waiting(r[ID], r[OWNER], r[PRIO], r[GPUS],
+                           now_ts if r[QAT] is None else r[QAT], r[HELD]) for r in rows]
+        hours = recent_gpu_hours(session, now)
+        usage = {o: Usage(held.get(o, 0), hours.get(o, 0.0)) for o in set(held) | set(hours)}
+        p = plan(waiting, nodes, usage, now=now_ts, quota=cfg.user_gpu_quota,
+                 backfill_bound_s=cfg.backfill_bound_s, cpu_free=cpu_free,
+                 top=REASONS_TOP if with_reasons else 0, presorted=True)
+    owners = {r[ID]: r[OWNER] for r in rows}
+    # Lease start after the GPU rows were read: a GPU freed by a commit that this pass saw
+    # was released before this instant, so the lease history never shows a false overlap.
+    now = utcnow()
     sent: list[tuple[str, str]] = []
-    owners = {r.id: r.owner_id for r in rows}
     for job_id, node, idx in p.dispatch:
-        if idx:
-            res = session.execute(update(Gpu).where(Gpu.node == node, Gpu.index.in_(idx),
-                                                    Gpu.job_id.is_(None)).values(job_id=job_id))
-            if res.rowcount != len(idx):  # someone else holds one: never oversubscribe
-                raise RuntimeError(f"lease conflict on {node} {idx}")
-            for i in idx:
-                session.add(GpuLease(job_id=job_id, owner_id=owners[job_id], node=node, index=i,
-                                     start_at=now))
-        res = session.execute(update(Job).where(Job.id == job_id, Job.status == S.queued.value)
-                              .values(status=S.dispatched.value, node=node, pending_reason=None, heartbeat_at=now,
-                                      queue_position=None))
-        if res.rowcount == 1:
-            add_event(session, job_id, "status", {"from": "queued", "to": "dispatched",
-                                                  "node": node, "gpus": idx})
+        if _dispatch(session, job_id, owners[job_id], node, idx, now):
             sent.append((job_id, f"gpu.{node}" if idx else "cpu"))
     if with_reasons:
-        _write_reasons(session, p, set(j for j, _, _ in p.dispatch))
+        _write_reasons(session, p, rows, {j for j, _, _ in p.dispatch})
     if sent:
         def _send(sent=sent):
             for job_id, queue in sent:
@@ -168,18 +166,81 @@ def schedule_once(session: Session, *, with_reasons: bool = True) -> list[str]:
     return [j for j, _ in sent]
 
 
-def _write_reasons(session: Session, p, dispatched: set[str], top: int = 1000) -> None:
-    """queue_position and pending_reason for the first `top` waiting jobs, only where changed."""
+# The job (still queued, not held: it may have been cancelled or held since it was read),
+# then its GPUs (still free: never oversubscribe), the lease history and the status event,
+# in one statement. Returns (jobs moved, GPUs claimed).
+_DISPATCH_PG = text("""
+WITH j AS (UPDATE jobs SET status = 'dispatched', node = :node, pending_reason = NULL,
+                           heartbeat_at = :now, queue_position = NULL
+           WHERE id = :id AND status = 'queued' AND NOT held RETURNING id),
+g AS (UPDATE gpus SET job_id = :id
+      WHERE node = :node AND "index" = ANY(CAST(:idx AS integer[])) AND job_id IS NULL
+        AND EXISTS (SELECT 1 FROM j) RETURNING "index"),
+l AS (INSERT INTO gpu_leases (job_id, owner_id, node, "index", start_at)
+      SELECT :id, :owner, :node, g."index", :now FROM g),
+e AS (INSERT INTO job_events (job_id, at, kind, data)
+      SELECT :id, :now, 'status', CAST(:data AS json) FROM j)
+SELECT (SELECT count(*) FROM j), (SELECT count(*) FROM g)""")
+
+
+def _dispatch(session: Session, job_id: str, owner: str, node: str | None, idx: list[int],
+              now) -> bool:
+    """queued -> dispatched with its GPUs leased; False if the job is no longer queued."""
+    event = {"from": "queued", "to": "dispatched", "node": node, "gpus": idx}
+    if not is_sqlite(session):
+        moved, claimed = session.execute(_DISPATCH_PG, {
+            "id": job_id, "owner": owner, "node": node, "idx": idx, "now": now,
+            "data": json.dumps(event)}).one()
+        if moved and claimed != len(idx):  # someone else holds one: never oversubscribe
+            raise RuntimeError(f"lease conflict on {node} {idx}")
+        return bool(moved)
+    res = session.execute(update(Job).where(Job.id == job_id, Job.status == S.queued.value,
+                                            Job.held.is_(False))
+                          .values(status=S.dispatched.value, node=node, pending_reason=None,
+                                  heartbeat_at=now, queue_position=None))
+    if res.rowcount != 1:
+        return False
+    if idx:
+        res = session.execute(update(Gpu).where(Gpu.node == node, Gpu.index.in_(idx),
+                                                Gpu.job_id.is_(None)).values(job_id=job_id))
+        if res.rowcount != len(idx):
+            raise RuntimeError(f"lease conflict on {node} {idx}")
+        session.add_all([GpuLease(job_id=job_id, owner_id=owner, node=node, index=i,
+                                  start_at=now) for i in idx])
+    add_event(session, job_id, "status", event)
+    return True
+
+
+def _write_reasons(session: Session, p, rows, dispatched: set[str]) -> None:
+    """queue_position and pending_reason for the first REASONS_TOP waiting jobs (others get
+    none), written in one statement and only where they changed."""
+    want: dict[str, tuple[int | None, str | None]] = {}
     pos = 0
-    rows = {r.id: (r.queue_position, r.pending_reason) for r in session.execute(
-        select(Job.id, Job.queue_position, Job.pending_reason).where(Job.status == "queued"))}
     for jid in p.order:
         if jid in dispatched:
             continue
         pos += 1
-        if pos > top:
+        if pos > REASONS_TOP:
             break
-        reason = p.reasons.get(jid)
-        if rows.get(jid) != (pos, reason):
-            session.execute(update(Job).where(Job.id == jid)
-                            .values(queue_position=pos, pending_reason=reason))
+        want[jid] = (pos, p.reasons.get(jid))
+    changes = [(r[ID], w[0], w[1]) for r in rows
+               if r[ID] not in dispatched
+               and (w := want.get(r[ID], (None, None))) != (r[POS], r[REASON])]
+    if not changes:
+        return
+    if is_sqlite(session):
+        t = Job.__table__
+        session.execute(update(t).where(t.c.id == bindparam("b_id"),
+                                        t.c.status == S.queued.value)
+                        .values(queue_position=bindparam("b_pos"),
+                                pending_reason=bindparam("b_reason")),
+                        [{"b_id": i, "b_pos": p_, "b_reason": r} for i, p_, r in changes])
+        return
+    # One statement for all of them (a row-by-row executemany costs a round trip each).
+    ids, pos_, why = zip(*changes)
+    session.execute(text(
+        "UPDATE jobs AS j SET queue_position = v.pos, pending_reason = v.reason "
+        "FROM unnest(CAST(:ids AS varchar[]), CAST(:pos AS integer[]), "
+        "CAST(:why AS varchar[])) AS v(id, pos, reason) "
+        "WHERE j.id = v.id AND j.status = 'queued'"),
+        {"ids": list(ids), "pos": list(pos_), "why": list(why)})

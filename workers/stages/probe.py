@@ -1,6 +1,8 @@
 """`probe`: report what a node gives a stage (python, torch, CUDA, visible devices, free disk).
 `sleep_s` makes it wait (with progress) and `fail` makes it fail on purpose: for operators
-checking a node, and for tests of the job plumbing."""
+checking a node, and for tests of the job plumbing. `import_torch: false` skips the torch
+import (and so the device list): a probe then starts in a fraction of a second, which is what
+scheduler tests running hundreds of them need."""
 
 from __future__ import annotations
 
@@ -11,6 +13,18 @@ import sys
 import time
 
 from workers.stages.common import StageContext, StageError
+
+
+def _torch_facts() -> dict:
+    try:
+        import torch
+    except ImportError:
+        return {"torch": None}
+    return {"torch": torch.__version__, "cuda": torch.version.cuda,
+            "devices": [{"index": i, "name": torch.cuda.get_device_name(i),
+                         "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
+                        for i in range(torch.cuda.device_count())]
+            if torch.cuda.is_available() else []}
 
 
 def run(spec: dict, ctx: StageContext) -> dict:
@@ -26,17 +40,10 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "cpu_count": os.cpu_count(),
         "disk_free_bytes": shutil.disk_usage(ctx.out_dir).free,
     }
-    try:
-        import torch
-
-        facts["torch"] = torch.__version__
-        facts["cuda"] = torch.version.cuda
-        facts["devices"] = [
-            {"index": i, "name": torch.cuda.get_device_name(i),
-             "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
-            for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    except ImportError:
-        facts["torch"] = None
+    if p.get("import_torch", True) is False:
+        facts["torch"] = "not imported (params.import_torch=false)"
+    else:
+        facts.update(_torch_facts())
     print(f"probe facts: {facts}", flush=True)
     for i in range(steps):
         if sleep_s:

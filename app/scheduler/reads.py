@@ -1,0 +1,151 @@
+"""What a scheduling decision reads, in as few statements as possible: a decision runs inside
+a submit request and after every job's end, and on a busy box each statement is a wake-up of
+the database process, not just its execution time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timedelta
+from itertools import groupby
+from operator import itemgetter
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.core.config import get_settings
+from app.core.db import is_sqlite, utcnow
+from app.jobs import catalog
+from app.jobs.states import ACTIVE
+from app.models import Gpu, GpuLease, Job, Node
+from app.scheduler.policy import NodeState, Usage
+
+USAGE_WINDOW_H = 24  # "recent GPU-hours" of fair share
+HOURS_TTL_S = 2.0  # how stale a decision may read the GPU-hours (they move by seconds)
+
+# Waiting jobs (pending and queued), in the order of the index ix_jobs_status_priority
+# (status, priority, queued_at): the database does not sort. `queued_in_order` then puts the
+# priority blocks highest first. `needs_fp`: queued, not fingerprinted yet, reusable type.
+_NEVER = ", ".join(f"'{t}'" for t in sorted(catalog.NEVER_REUSE)) or "''"
+_NEEDS_FP = f"(fingerprint IS NULL AND type NOT IN ({_NEVER}))"
+_ROWS_SQL = ("SELECT id, owner_id, priority, gpus_requested, {epoch}, held, status, "
+             + _NEEDS_FP + "{extra} FROM jobs WHERE status IN ('pending', 'queued'){only} "
+             "ORDER BY status, priority, queued_at")
+_EPOCH = {"postgresql": "date_part('epoch', queued_at)",  # float8: no numeric arithmetic
+          "sqlite": "(julianday(queued_at) - 2440587.5) * 86400.0"}
+# Only the jobs a placement-only decision needs (see `waiting_rows`); numbers are ours.
+_ONLY = (" AND (status = 'pending' OR " + _NEEDS_FP + " OR (NOT held AND ("
+         "(gpus_requested = 0 AND {cpu}) OR gpus_requested BETWEEN 1 AND {most} OR "
+         "(gpus_requested > 0 AND {epoch} < {aged}))))")
+ID, OWNER, PRIO, GPUS, QAT, HELD, STATUS, NEEDS_FP, POS, REASON = range(10)
+
+
+def waiting_rows(session: Session, with_reasons: bool,
+                 only: tuple[int, bool, float] | None = None) -> list[tuple]:
+    """(id, owner, priority, gpus, queued_at epoch s, held, status, needs_fp[, position,
+    reason]) of the pending and queued jobs; queued ones in `policy.job_order`. Plain driver
+    tuples: with 10,000 queued, ORM rows, datetime objects or a Python sort would each cost
+    more than the rest of the decision.
+
+    `only=(most_free_gpus, cpu_slot_free, aged_before_epoch)` leaves out the queued jobs
+    that cannot change this decision: held ones, and those that fit nowhere now (GPUs only
+    get fewer during a decision) unless they waited past the aging bound (they may hold a
+    node back). The jobs left out would only have been given a reason, so the placements
+    are the same as from all of them (tests/scheduler/test_policy.py checks that)."""
+    dialect = "sqlite" if is_sqlite(session) else "postgresql"
+    where = "" if only is None else _ONLY.format(
+        cpu="1 = 1" if only[1] else "1 = 0", most=int(only[0]), epoch=_EPOCH[dialect],
+        aged=float(only[2]))
+    sql = _ROWS_SQL.format(epoch=_EPOCH[dialect], only=where,
+                           extra=", queue_position, pending_reason" if with_reasons else "")
+    return session.connection().exec_driver_sql(sql).fetchall()
+
+
+def queued_in_order(rows: list[tuple]) -> list[tuple]:
+    """The queued rows of `waiting_rows`, priority blocks highest first (each block is
+    oldest first already)."""
+    q = [r for r in rows if r[STATUS] == "queued"]
+    blocks = [list(g) for _, g in groupby(q, key=itemgetter(PRIO))]
+    return [r for b in reversed(blocks) for r in b] if len(blocks) > 1 else q
+
+
+def _aware(t: datetime, tz) -> datetime:
+    return t if t.tzinfo else t.replace(tzinfo=tz)
+
+
+def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]:
+    """Nodes (schedulable = alive, heartbeat fresh, not draining) with their free GPUs, the
+    free CPU slots, and the GPUs each owner holds now: one statement."""
+    cutoff = utcnow() - timedelta(seconds=get_settings().stale_after_s)
+    cpu_busy = select(func.count()).select_from(Job).where(
+        Job.gpus_requested == 0, Job.status.in_(ACTIVE)).scalar_subquery()
+    states: dict[str, NodeState] = {}
+    held: dict[str, int] = {}
+    cpu_total, busy = 0, 0
+    for r in session.execute(
+            select(Node.name, Node.alive, Node.draining, Node.last_heartbeat, Node.cpu_slots,
+                   Gpu.index, Gpu.job_id, Job.owner_id, cpu_busy)
+            .select_from(Node).outerjoin(Gpu, Gpu.node == Node.name)
+            .outerjoin(Job, Job.id == Gpu.job_id)):
+        busy = r[8] or 0
+        st = states.get(r.name)
+        if st is None:
+            ok = bool(r.alive and _aware(r.last_heartbeat, cutoff.tzinfo) >= cutoff
+                      and not r.draining)
+            st = states[r.name] = NodeState(name=r.name, free=[], total=0, schedulable=ok)
+            cpu_total += r.cpu_slots if ok else 0
+        if r.index is None:
+            continue
+        st.total += 1
+        if r.job_id is None:
+            st.free.append(r.index)
+        elif r.owner_id is not None:
+            held[r.owner_id] = held.get(r.owner_id, 0) + 1
+    if not states:
+        busy = session.scalar(cpu_busy) or 0
+    return list(states.values()), max(0, cpu_total - busy), held
+
+
+def usage_by_owner(session: Session, now: datetime) -> dict[str, Usage]:
+    """GPUs held now and GPU-hours over the last USAGE_WINDOW_H, per owner, from the lease
+    history (the queue view; a decision takes GPUs held from `node_states`)."""
+    since = now - timedelta(hours=USAGE_WINDOW_H)
+    recent = (GpuLease.end_at.is_(None)) | (GpuLease.end_at > since)
+    usage: dict[str, Usage] = {}
+    if not is_sqlite(session):
+        secs = func.extract("epoch", func.coalesce(GpuLease.end_at, now)
+                            - func.greatest(GpuLease.start_at, since))
+        for owner, n_open, total in session.execute(
+                select(GpuLease.owner_id, func.count().filter(GpuLease.end_at.is_(None)),
+                       func.sum(secs)).where(recent).group_by(GpuLease.owner_id)):
+            usage[owner] = Usage(int(n_open or 0), max(0.0, float(total or 0)) / 3600)
+        return usage
+    for owner, start, end in session.execute(select(GpuLease.owner_id, GpuLease.start_at,
+                                                    GpuLease.end_at).where(recent)):
+        u = usage.setdefault(owner, Usage())
+        start = _aware(start, now.tzinfo)
+        if end is None:
+            u.gpus_held += 1
+        end = now if end is None else _aware(end, now.tzinfo)
+        u.gpu_hours += max(0.0, (end - max(start, since)).total_seconds()) / 3600
+    return usage
+
+
+_hours_lock = threading.Lock()
+_hours: dict[str, tuple[float, dict[str, float]]] = {}  # database -> (read at, hours)
+
+
+def recent_gpu_hours(session: Session, now: datetime) -> dict[str, float]:
+    """GPU-hours per owner over the window, re-read at most every HOURS_TTL_S per process:
+    the fair-share tie-break between users holding as many GPUs; seconds of staleness
+    move it by a negligible amount and save a statement in most decisions."""
+    key = str(session.get_bind().url)
+    t = time.monotonic()
+    with _hours_lock:
+        hit = _hours.get(key)
+    if hit is not None and t - hit[0] < HOURS_TTL_S:
+        return hit[1]
+    hours = {o: u.gpu_hours for o, u in usage_by_owner(session, now).items()}
+    with _hours_lock:
+        _hours[key] = (t, hours)
+    return hours

@@ -1,0 +1,173 @@
+"""A throwaway draftyard deployment: its own PostgreSQL database (built by the migrations), a
+Redis DB index, an API process and worker processes, all with extra settings of your choice.
+
+Used where a test needs settings the session's API lacks (a user GPU quota) and by
+bench/scheduler.py. Importing it changes nothing in this process's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+PG_ADMIN = os.environ.get("DRAFTYARD_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_BASE = os.environ.get("DRAFTYARD_TEST_REDIS", "redis://127.0.0.1:6379")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Proc:
+    def __init__(self, argv: list[str], log: Path, env: dict):
+        self.log = log
+        self.fh = open(log, "ab")  # noqa: SIM115
+        self.p = subprocess.Popen(argv, stdout=self.fh, stderr=subprocess.STDOUT, cwd=REPO,
+                                  env=env, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
+
+    def kill(self, sig=signal.SIGTERM) -> None:
+        try:
+            os.killpg(self.p.pid, sig)
+            self.p.wait(15)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self.p.pid, signal.SIGKILL)
+            self.p.wait(5)
+        self.fh.close()
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "".join(self.log.read_text(errors="replace").splitlines(True)[-n:])
+        except OSError:
+            return ""
+
+
+class Stack:
+    def __init__(self, tag: str, redis_db: int, settings: dict[str, str] | None = None):
+        self.dbname = f"dy_{tag}_{uuid.uuid4().hex[:8]}"
+        self.home = Path(tempfile.mkdtemp(prefix=f"draftyard-{tag}-"))
+        self.db_url = PG_ADMIN.rsplit("/", 1)[0] + f"/{self.dbname}"
+        self.redis_url = f"{REDIS_BASE}/{redis_db}"
+        self.env = {**os.environ, "DRAFTYARD_DATABASE_URL": self.db_url,
+                    "DRAFTYARD_BROKER_URL": self.redis_url, "DRAFTYARD_HOME": str(self.home),
+                    "DRAFTYARD_HEARTBEAT_S": "0.5", "DRAFTYARD_STALE_AFTER_S": "6",
+                    "DRAFTYARD_DATA_ROOTS": "", "DRAFTYARD_MODEL_ROOTS": "",
+                    "OMP_NUM_THREADS": "1", **(settings or {})}
+        self.procs: list[_Proc] = []
+        self.url = ""
+        self.token = ""
+        self._engine = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def create(self) -> "Stack":
+        """The database (migrated, with an admin whose token lands in home/admin_token)."""
+        from sqlalchemy import create_engine, text
+
+        admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+        with admin.connect() as c:
+            c.execute(text(f'CREATE DATABASE "{self.dbname}"'))
+        admin.dispose()
+        from app.core.migrate import upgrade_head
+
+        upgrade_head(self.db_url)
+        from sqlalchemy.orm import Session
+
+        from app.users.service import ensure_admin
+
+        with Session(self.engine()) as s:
+            ensure_admin(s, self.home)
+            s.commit()
+        self.token = (self.home / "admin_token").read_text().strip()
+        import redis
+
+        redis.Redis.from_url(self.redis_url).flushdb()
+        return self
+
+    def engine(self):
+        if self._engine is None:
+            from app.core.db import make_engine
+
+            self._engine = make_engine(self.db_url)
+        return self._engine
+
+    def start_api(self) -> str:
+        port = _free_port()
+        p = _Proc([sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
+                   "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                  self.home / "api.log", self.env)
+        self.procs.append(p)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return self.url
+            except httpx.HTTPError:
+                pass
+            if p.p.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError("the API did not start:\n" + p.tail())
+
+    def start_worker(self, node: str, gpus: str | None = None) -> _Proc:
+        argv = [sys.executable, "-m", "workers", "--node", node, "--loglevel", "WARNING"]
+        if gpus is not None:
+            argv += ["--gpus", gpus]
+        p = _Proc(argv, self.home / f"worker-{node}.log", self.env)
+        self.procs.append(p)
+        return p
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30,
+                            headers={"Authorization": f"Bearer {token or self.token}"})
+
+    def wait_nodes(self, names: list[str], timeout: float = 60) -> None:
+        with self.client() as c:
+            deadline = time.time() + timeout
+            while time.time() < deadline:
+                got = {n["name"] for n in c.get("/v1/nodes").json()["data"] if n["schedulable"]}
+                if set(names) <= got:
+                    return
+                time.sleep(0.2)
+        raise RuntimeError(f"nodes {names} did not register:\n" +
+                           "\n".join(p.tail(10) for p in self.procs))
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            p.kill(signal.SIGTERM)
+        self.procs.clear()
+        if self._engine is not None:
+            self._engine.dispose()
+        from sqlalchemy import create_engine, text
+
+        admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+        with admin.connect() as c:
+            c.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           f"WHERE datname = '{self.dbname}' AND pid <> pg_backend_pid()"))
+            c.execute(text(f'DROP DATABASE IF EXISTS "{self.dbname}"'))
+        admin.dispose()
+        try:
+            import redis
+
+            redis.Redis.from_url(self.redis_url).flushdb()
+        except Exception:  # noqa: BLE001  best effort
+            pass
+        shutil.rmtree(self.home, ignore_errors=True)
