@@ -29,13 +29,25 @@ def bootstrap(migrate: bool = True) -> None:
             console.print(f"created the admin user; token in {s.home / 'admin_token'}")
 
 
+def _die_with_parent() -> None:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def start_worker(node: str = "local", gpus: str | None = None) -> subprocess.Popen:
     argv = [sys.executable, "-m", "workers", "--node", node]
     if gpus:
         argv += ["--gpus", gpus]
     s = get_settings()
     log = open(s.home / "worker.log", "ab")  # noqa: SIM115
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # The worker dies with `up` (PR_SET_PDEATHSIG): uvicorn re-raises SIGTERM after its
+    # graceful shutdown, so atexit alone would leave an orphan worker behind.
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_die_with_parent)
 
     def _stop() -> None:
         if proc.poll() is None:
