@@ -128,6 +128,10 @@ def finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | Non
                 os.replace(src, dest)  # atomic: the artifact appears whole or not at all
                 size, files = _manifest(dest)
                 meta = {**(a.get("meta") or {}), "name": a.get("name")}
+                if isinstance(meta.get("vllm_serve_command"), str):
+                    # The stage cannot know where its artifact will live; now we do.
+                    meta["vllm_serve_command"] = meta["vllm_serve_command"].replace(
+                        "<drafter_path>", str(dest))
                 (dest / "manifest.json").write_text(json.dumps(
                     {"id": art_id, "kind": a["kind"], "producer_job": job_id,
                      "inputs": _input_ids(resolved), "params": job.params, "bytes": size,

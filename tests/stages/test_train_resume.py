@@ -62,7 +62,7 @@ def test_sigterm_checkpoints_and_the_retry_resumes(train_data, tmp_path):
     from speculators.model import SpeculatorModel
 
     target, tok, hs = train_data
-    params = ts.dflash_params(max_steps=30, checkpoint_every=10, log_every=1)
+    params = ts.dflash_params(max_steps=24, checkpoint_every=10, log_every=1)
     spec = ts.train_spec(tmp_path, target, tok, hs, params)
 
     rc = _interrupt(spec, tmp_path, at_step=13, sig=signal.SIGTERM)
@@ -80,17 +80,17 @@ def test_sigterm_checkpoints_and_the_retry_resumes(train_data, tmp_path):
     after = ts.events(spec)[len(before):]
     resumed_steps = [e["data"]["step"] for e in after if e["kind"] == "metric"]
     # The step counter continues from the checkpoint, not from 0.
-    assert resumed_steps[0] == stopped + 1 and resumed_steps[-1] == 30, resumed_steps
+    assert resumed_steps[0] == stopped + 1 and resumed_steps[-1] == 24, resumed_steps
     (result,) = [e["data"] for e in after if e["kind"] == "result"]
-    assert result["steps"] == 30 and result["resumed_from_step"] == stopped
+    assert result["steps"] == 24 and result["resumed_from_step"] == stopped
     first_loss = ts.events(spec, "metric")[0]["data"]["loss"]
     assert result["initial_loss"] == first_loss            # carried over, not re-measured
     resumed_loss = next(e["data"]["loss"] for e in after if e["kind"] == "metric")
     assert resumed_loss < 0.8 * first_loss                  # the loss continues too
     (art,) = [e["data"] for e in after if e["kind"] == "artifact"]
-    assert art["kind"] == "drafter" and art["meta"]["steps"] == 30
+    assert art["kind"] == "drafter" and art["meta"]["steps"] == 24
     assert SpeculatorModel.from_pretrained(str(Path(spec["out_dir"]) / "drafter"))
-    assert _checkpoint_steps(spec) == [20, 30]              # the newest two are kept
+    assert _checkpoint_steps(spec) == [20, 24]              # the newest two are kept
 
 
 def _weights(spec: dict) -> dict[str, torch.Tensor]:
