@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from app.core.broker import send_run_job
 from app.core.config import get_settings
 from app.core.db import after_commit, is_sqlite, utcnow
-from app.jobs import catalog
+from app.jobs import catalog, hooks
 from app.jobs.inputs import Unresolved, fingerprint, resolve
 from app.jobs.service import add_event, transition
 from app.jobs.states import JobStatus as S
@@ -98,6 +98,9 @@ def _reuse(session: Session, queued: list[Job]) -> None:
                    metrics_summary=dict(prev.metrics_summary or {}),
                    progress={"stage": "reused", "done": 1, "total": 1, "unit": "job"})
         add_event(session, j.id, "log", {"message": f"reused the outputs of {prev.id}"})
+        # A final state like any other: its dataset becomes ready, its run moves on.
+        session.flush()
+        hooks.on_finished(session, j)
 
 
 def _promote_and_reuse(session: Session, ids: list[str]) -> bool:

@@ -98,6 +98,7 @@ class Stack:
         self.token = (self.home / "admin_token").read_text().strip()
         import redis
 
+        # Messages a previous user of this Redis DB left behind must not reach our workers.
         redis.Redis.from_url(self.redis_url).flushdb()
         return self
 
@@ -164,10 +165,4 @@ class Stack:
                            f"WHERE datname = '{self.dbname}' AND pid <> pg_backend_pid()"))
             c.execute(text(f'DROP DATABASE IF EXISTS "{self.dbname}"'))
         admin.dispose()
-        try:
-            import redis
-
-            redis.Redis.from_url(self.redis_url).flushdb()
-        except Exception:  # noqa: BLE001  best effort
-            pass
         shutil.rmtree(self.home, ignore_errors=True)
