@@ -135,7 +135,7 @@ def print_report(c: Client, run: dict) -> dict:
 
 
 def run_demo(json_out: bool = False, quick: bool = False, keep: bool = False) -> int:
-    from app.cli.probe_demo import start_embedded, stop
+    from app.cli.embedded import start_embedded, stop
     from app.core.config import get_settings
 
     cfg = QUICK if quick else FULL

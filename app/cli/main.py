@@ -154,22 +154,23 @@ def logs(job_id: str, follow: bool = typer.Option(False, "-f", "--follow"),
         _fail(e)
 
 
+def _job_action(job_id: str, action: str) -> None:
+    try:
+        _print_final(_client().post(f"/v1/jobs/{job_id}/{action}"))
+    except ApiFailure as e:
+        _fail(e)
+
+
 @cli.command()
 def cancel(job_id: str):
     """Cancel a job."""
-    try:
-        _print_final(_client().post(f"/v1/jobs/{job_id}/cancel"))
-    except ApiFailure as e:
-        _fail(e)
+    _job_action(job_id, "cancel")
 
 
 @cli.command()
 def retry(job_id: str):
     """Retry a failed or cancelled job (resumes from its checkpoint where the stage has one)."""
-    try:
-        _print_final(_client().post(f"/v1/jobs/{job_id}/retry"))
-    except ApiFailure as e:
-        _fail(e)
+    _job_action(job_id, "retry")
 
 
 @cli.command()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select, update
@@ -281,9 +280,3 @@ def set_hold(session: Session, user: Principal, job: Job, held: bool) -> Job:
     add_event(session, job.id, "status", {"held": held, "by": user.name})
     nudge_after_commit(session)
     return job
-
-
-def elapsed(a: datetime | None, b: datetime | None) -> float | None:
-    if not a or not b:
-        return None
-    return (b - a).total_seconds()

@@ -1,8 +1,7 @@
-"""A probe job end to end through the embedded service: starts it, submits, follows, stops."""
+"""Start and stop the embedded service as a child process (the demo drives it over HTTP)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -10,8 +9,6 @@ import time
 
 import httpx
 
-from app.cli.client import Client
-from app.cli.view import console, follow_jobs
 from app.core.config import get_settings
 
 
@@ -42,18 +39,3 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(20)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         os.killpg(proc.pid, signal.SIGKILL)
-
-
-def run_probe_demo(json_out: bool = False, port: int = 8765) -> int:
-    proc = start_embedded(port)
-    try:
-        token = (get_settings().home / "admin_token").read_text().strip()
-        c = Client(f"http://127.0.0.1:{port}", token)
-        job = c.post("/v1/jobs", {"type": "probe", "params": {"sleep_s": 2, "steps": 10}})
-        final = follow_jobs(c, [job["id"]], {job["id"]: "probe"})[0]
-        console.print(f"probe {final['id']}: {final['status']}")
-        if json_out:
-            print(json.dumps({"job_id": final["id"], "status": final["status"]}))
-        return 0 if final["status"] == "succeeded" else 1
-    finally:
-        stop(proc)
