@@ -108,6 +108,10 @@ def run_pipeline(c: Client, target_dir: Path, cfg: dict, log=console.print) -> d
     return c.get(f"/v1/runs/{run['id']}")
 
 
+def _num(x) -> str:
+    return f"{x:.2f}" if isinstance(x, (int, float)) else str(x)
+
+
 def print_report(c: Client, run: dict) -> dict:
     rep = run.get("report") or {}
     console.print(f"\nrun {run['id']}: [bold]{run['status']}[/bold]")
@@ -122,9 +126,11 @@ def print_report(c: Client, run: dict) -> dict:
             artifacts[j["run_stage"]] = {"id": a, "kind": art["kind"], "uri": art["uri"]}
             console.print(f"  {art['kind']:<14} {a} {art['uri']}")
     if rep:
-        console.print(f"\nacceptance (greedy speculative decoding on held-out prompts):")
-        console.print(f"  trained drafter:   tau {rep.get('tau')}  (tau_sim {rep.get('tau_sim')})")
-        console.print(f"  untrained drafter: tau {rep.get('tau_baseline')}")
+        console.print("\nacceptance (greedy speculative decoding on held-out prompts; tau = "
+                      "tokens per target forward):")
+        console.print(f"  trained drafter:   tau {_num(rep.get('tau'))}  "
+                      f"(tau_sim {_num(rep.get('tau_sim'))})")
+        console.print(f"  untrained drafter: tau {_num(rep.get('tau_baseline'))}")
         console.print(f"  verdict: {rep.get('verdict')}")
         drafter = next((j for j in run["jobs"] if j["run_stage"] == "train"), None)
         if drafter and drafter["outputs"]:
