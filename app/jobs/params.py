@@ -1,5 +1,6 @@
 """Typed params per job type, checked at submit so a bad spec is a 422 that names the field
-before anything is queued. The stage re-validates (it can run alone from a shell)."""
+before anything is queued. The stage types' models live in `contracts/` (shared with the
+stages, which validate again: each can run alone from a shell)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.core.errors import Invalid
+from contracts import STAGE_PARAMS
 
 
 class _Params(BaseModel):
@@ -22,21 +24,17 @@ class ProbeParams(_Params):
     import_torch: bool = True
 
 
-class _Open(BaseModel):
-    """Types whose params the stage validates in full; checked here only for shape."""
-
-    model_config = ConfigDict(extra="allow")
-
-
-PARAMS: dict[str, type[BaseModel]] = {
-    "probe": ProbeParams,
-}
+PARAMS: dict[str, type[BaseModel]] = {"probe": ProbeParams, **STAGE_PARAMS}
 
 
 def validate_params(type_: str, params: dict[str, Any]) -> dict[str, Any]:
-    model = PARAMS.get(type_, _Open)
+    """The params as stored on the job: validated and coerced, but only the fields the user
+    set (defaults stay the stage's, so a stage version with new defaults is not hidden by
+    values frozen at submit). Probe params are stored whole."""
+    model = PARAMS[type_]
     try:
-        return model.model_validate(params).model_dump(mode="json", exclude_unset=model is _Open)
+        return model.model_validate(params).model_dump(mode="json",
+                                                       exclude_unset=model is not ProbeParams)
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err.get("loc", ()))

@@ -22,6 +22,7 @@ def create_run(body: RunCreate, user: Principal = Depends(current_user), session
     def make():
         from app.plans.service import plan_or_refuse
 
+        service.check_params(body)
         plan = plan_or_refuse(session, body)
         run = service.create_run(session, user, body)
         session.flush()

@@ -37,6 +37,13 @@ def test_dockerfile_installs_the_package_and_runs_the_server():
     text = (REPO / "Dockerfile").read_text()
     assert "pip install" in text and "COPY migrations" in text
     assert 'CMD ["draftyard", "server"' in text
+    # every package the wheel ships is in the image (a new top-level package is easy to miss)
+    import tomllib
+
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]["include"]
+    for pkg in include:
+        assert f"COPY {pkg.rstrip('*')} ./{pkg.rstrip('*')}" in text, pkg
 
 
 @pytest.mark.skipif(not shutil.which("docker"), reason="no docker client")

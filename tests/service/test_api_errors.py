@@ -96,3 +96,30 @@ def test_pagination(api):
     assert not set(j["id"] for j in p1["data"]) & set(j["id"] for j in p2["data"])
     assert ids[-1] == p1["data"][0]["id"]  # newest first
     _err(api.get("/v1/jobs", params={"limit": 1000}), 422)
+
+
+def test_stage_params_are_checked_at_submit_naming_the_field(api):
+    """Every stage type's params are validated by the API with the stage's own model: a 422
+    naming the field, and no job created."""
+    before = api.get("/v1/jobs", params={"limit": 100}).json()["data"]
+    cases = [
+        ("train", {"drafter": {"type": "dflash"}, "lr": "fast"}, "params.lr", "valid number"),
+        ("train", {"lr": 0.1}, "params.drafter", "Field required"),
+        ("train", {"drafter": {"type": "medusa"}}, "params.drafter.type", "dflash"),
+        ("generate", {"temprature": 0.5}, "params.temprature", "unknown field"),
+        ("generate", {"top_p": 0}, "params.top_p", "greater than 0"),
+        ("prepare", {"seq_length": "long"}, "params.seq_length", "valid integer"),
+        ("extract", {"dtype": "int4"}, "params.dtype", "bfloat16"),
+        ("evaluate", {"num_prompts": -1}, "params.num_prompts", "greater than"),
+        ("ingest", {"format": "csv"}, "params.format", "sharegpt"),
+        ("mix", {"seed": -3}, "params.seed", "greater than or equal to 0"),
+    ]
+    for type_, params, param, words in cases:
+        e = _err(api.post("/v1/jobs", {"type": type_, "params": params}), 422, "invalid_spec")
+        assert e["param"] == param, (type_, e)
+        assert words in e["message"], (type_, e)
+    after = api.get("/v1/jobs", params={"limit": 100}).json()["data"]
+    assert [j["id"] for j in after] == [j["id"] for j in before]
+    # valid params pass this check (the next error is about the missing inputs)
+    e = _err(api.post("/v1/jobs", {"type": "generate", "params": {"temperature": 0.7}}), 422)
+    assert e["param"] == "inputs.dataset"

@@ -104,6 +104,24 @@ def test_plan_checks_layers_disk_and_thinking(api, worker, target, home):
     assert checks["records_render"]["ok"]
 
 
+def test_run_with_bad_stage_params_is_422_naming_the_stage_field(api, worker, target, home):
+    ds = _dataset(api, home, "bad-params", _records(4))
+    runs_before = api.get("/v1/runs").json()["data"]
+    body = _body(target, ds)
+    body["stages"]["train"]["lr"] = -1
+    t = time.time()
+    r = api.post("/v1/runs", body)
+    assert r.status_code == 422, r.text
+    e = r.json()["error"]
+    assert e["param"] == "stages.train.lr" and "greater than 0" in e["message"], e
+    assert time.time() - t < 5  # refused before the plan is run
+    body = _body(target, ds)
+    body["stages"]["prepare"]["train_on"] = "everything"
+    e = api.post("/v1/runs", body).json()["error"]
+    assert e["param"] == "stages.prepare.train_on", e
+    assert api.get("/v1/runs").json()["data"] == runs_before  # nothing half-created
+
+
 def test_cancel_run_during_train_then_retry_reuses_and_resumes(api, worker, target, home):
     ds = _dataset(api, home, "resume", _records(24))
     body = _body(target, ds, name="resume")

@@ -42,19 +42,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from contracts.mix import MixParams
 from workers.stages.common import StageContext, StageError, write_json_atomic
 from workers.stages.ingest.stats import DatasetStats
 from workers.stages.records import DATA_FILE, SCHEMA, DatasetWriter
 
 BATCH_ROWS = 8192
-
-
-class MixParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    dedupe: bool = True
-    seed: int = Field(0, ge=0)  # numpy SeedSequence entropy must be non-negative
-    max_records: int | None = Field(None, ge=1)
 
 
 class MixSource(BaseModel):

@@ -4,39 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from contracts.evaluate import (  # noqa: F401  the models live in contracts/ (the API validates with them too)
+    EvalParams,
+    Measure,
+)
 from workers.stages.common import StageError
-
-Measure = Literal["tau_sim", "specdec", "vllm"]
-
-
-class EvalParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    # FIELD-NOTES demo: 32 held-out prompts x 96 new tokens separate trained from untrained.
-    num_prompts: int = Field(32, ge=1, le=100_000)
-    max_new_tokens: int = Field(96, ge=1, le=32_768)
-    # Verify block = drafted tokens + 1; None = as the drafter was trained.
-    block_size: int | None = Field(None, ge=2, le=64)
-    # Override template text and kwargs (e.g. enable_thinking) for rendering dataset prompts.
-    chat_template: str | None = None
-    chat_template_kwargs: dict = Field(default_factory=dict)
-    # tau below this -> verdict "reject" (the job still succeeds).
-    min_tau: float | None = Field(None, ge=0.0)
-    measures: list[Measure] = Field(default_factory=lambda: ["tau_sim", "specdec"], min_length=1)
-    # "untrained": the same drafter config with fresh seeded weights, when no
-    # baseline_drafter input is given. None: no baseline.
-    baseline: Literal["untrained"] | None = "untrained"
-    seed: int = 0
-    allow_template_mismatch: bool = False
-    # Teacher-forced rows for tau_sim (cheap: one target forward and a few drafter forwards).
-    tau_sim_rows: int = Field(256, ge=1, le=100_000)
-    # GPU boxes: extra `vllm serve` arguments and port for the "vllm" measure.
-    vllm_args: list[str] = Field(default_factory=list)
-    vllm_port: int = Field(8765, ge=1024, le=65535)
 
 
 def parse_params(raw: dict | None) -> EvalParams:

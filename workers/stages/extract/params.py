@@ -3,60 +3,14 @@ fall back to a default that costs a day of GPU time)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from pydantic import ValidationError
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
+from contracts.extract import (  # noqa: F401  the models live in contracts/ (the API validates with them too)
+    DEFAULT_MARGIN_BYTES,
+    ExtractParams,
+    VllmParams,
+)
 from workers.stages.common import StageError
-from workers.stages.extract.planner import DEFAULT_MARGIN_BYTES
-
-
-class VllmParams(BaseModel):
-    """How the stage runs its own vLLM server on the leased GPUs (backend vllm)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    # The interpreter that runs `vllm serve` (None: this one). vLLM pins its own torch, so a
-    # box may keep it in a separate venv.
-    python: str | None = None
-    host: str = "127.0.0.1"          # the server is private to the stage
-    port: int | None = None          # None: a free port
-    tensor_parallel_size: int = Field(1, ge=1)
-    # None: every visible GPU not used by tensor parallelism serves a replica, which is how
-    # records are sharded across the leased GPUs with one server.
-    data_parallel_size: int | None = Field(None, ge=1)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    max_model_len: int | None = Field(None, ge=1)   # None: longest sample + 1 generated token
-    max_num_batched_tokens: int | None = Field(None, ge=1)  # None: vLLM's default
-    concurrency: int = Field(32, ge=1)               # requests in flight
-    request_timeout_s: float = Field(600.0, gt=0)
-    max_retries: int = Field(3, ge=0)
-    startup_timeout_s: float = Field(1800.0, gt=0)   # loading a 27B target takes minutes
-    extra_args: list[str] = Field(default_factory=list)  # appended to `vllm serve`
-
-
-class ExtractParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    layer_ids: list[int] | None = None      # aux layers; None: the drafter type's defaults
-    drafter_type: Literal["dflash", "eagle3"] = "dflash"
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    backend: Literal["auto", "hf", "vllm"] = "auto"
-    # Positions (padding included) per forward: big enough to fill a GPU, small enough
-    # that the stored activations of one batch fit next to the model.
-    batch_tokens: int = Field(8192, ge=1)
-    # padded: sorted by length + right padding (any target); packed: several samples per
-    # row with restarting position ids (attention-only targets); auto: packed where the
-    # attention kernel takes varlen rows (flash-attention on GPU), else padded.
-    batch_mode: Literal["auto", "padded", "packed"] = "auto"
-    attn_implementation: str | None = None  # None: transformers' default (sdpa)
-    max_samples: int | None = Field(None, ge=1)     # the first max_samples rows
-    disk_margin_bytes: int = Field(DEFAULT_MARGIN_BYTES, ge=0)
-    free_bytes_override: int | None = Field(None, ge=0)  # tests/ops: pretend free disk
-    # hf backend: data-parallel worker processes, one per device. None: one per visible
-    # CUDA device (1 on CPU).
-    workers: int | None = Field(None, ge=1)
-    vllm: VllmParams = Field(default_factory=VllmParams)
 
 
 def parse_params(raw: dict | None) -> ExtractParams:

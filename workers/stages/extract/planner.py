@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.extract import DEFAULT_MARGIN_BYTES  # noqa: F401  (re-exported)
 from workers.stages.common import StageError
 from workers.stages.extract.layers import resolve_layers
 
@@ -24,7 +25,6 @@ TOKEN_ID_BYTES = 8            # token ids are stored as int64, as speculators co
 # A safetensors header for {hidden_states, token_ids} is ~150 bytes, padded to 8: the
 # allowance per file keeps the disk check honest for data sets of very short samples.
 FILE_OVERHEAD_BYTES = 256
-DEFAULT_MARGIN_BYTES = 1 << 30
 
 
 def dtype_size(dtype: str) -> int:

@@ -28,11 +28,11 @@ import time
 from collections import Counter
 from itertools import chain
 from pathlib import Path
-from typing import Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from contracts.ingest import IngestParams
 from workers.stages.common import StageContext, StageError, write_json_atomic
 from workers.stages.ingest.formats import FORMATS, NORMALIZERS, detect_one, shape_hint
 from workers.stages.ingest.messages import NoMatch, Reject
@@ -45,22 +45,6 @@ DETECT_RECORDS = 64      # objects looked at to pick a file's format
 DETECT_MAX_ITEMS = 10_000  # give up detection (binary or foreign file) after this many lines
 SAMPLE_REJECTS = 20
 PROGRESS_EVERY = 4096
-
-FormatName = Literal["auto", "openai", "sharegpt", "alpaca", "openorca", "oasst", "ultrachat",
-                     "magicoder", "evol_codealpaca", "prompt"]
-
-
-class IngestParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    format: FormatName = "auto"
-    # A few bad lines are normal in public dumps; a file that is mostly bad is the wrong file.
-    max_reject_share: float = Field(0.5, ge=0.0, le=1.0)
-    dataset_name: str | None = Field(None, min_length=1, max_length=200)
-    # Rows per Parquet row group: big enough to amortize Arrow conversion, small enough that
-    # the two batches in flight stay a few tens of MB.
-    batch_rows: int = Field(4096, ge=1, le=1_000_000)
-
 
 class SourceInput(BaseModel):
     model_config = ConfigDict(extra="ignore")
