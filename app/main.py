@@ -14,6 +14,7 @@ from app.core.middleware import RequestIdMiddleware
 def create_app() -> FastAPI:
     from app.artifacts.routes import router as artifacts
     from app.cluster.routes import router as cluster
+    from app.dashboard.routes import router as dashboard
     from app.datasets.routes import router as datasets
     from app.health.routes import router as health
     from app.jobs.routes import router as jobs
@@ -25,7 +26,8 @@ def create_app() -> FastAPI:
     app = FastAPI(title="draftyard", version="0.1.0", default_response_class=ORJSONResponse)
     install_handlers(app)
     app.add_middleware(RequestIdMiddleware)
-    for r in (health, users, jobs, cluster, targets, datasets, artifacts, runs, plans):
+    for r in (health, users, jobs, cluster, targets, datasets, artifacts, runs, plans,
+              dashboard):
         app.include_router(r)
     logging.getLogger("draftyard").setLevel(logging.INFO)
     return app

@@ -157,6 +157,7 @@ def run_demo(json_out: bool = False, quick: bool = False, keep: bool = False) ->
     try:
         c = Client(f"http://127.0.0.1:{port}", (s.home / "admin_token").read_text().strip(),
                    timeout=180)
+        console.print(f"dashboard: http://127.0.0.1:{port}/ui (token in {s.home / 'admin_token'})")
         run = run_pipeline(c, target, cfg)
         artifacts = print_report(c, run)
         rep = run.get("report") or {}
@@ -168,7 +169,8 @@ def run_demo(json_out: bool = False, quick: bool = False, keep: bool = False) ->
                               "artifacts": {k: v["id"] for k, v in artifacts.items()},
                               "seconds": round(time.time() - t0, 1)}))
         if keep:
-            console.print(f"service left running on http://127.0.0.1:{port} (Ctrl-C to stop)")
+            console.print(f"service left running on http://127.0.0.1:{port}, dashboard at /ui "
+                          "(Ctrl-C to stop)")
             proc.wait()
         return 0 if run["status"] == "succeeded" else 1
     except ApiFailure as e:

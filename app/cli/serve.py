@@ -65,7 +65,8 @@ def run_embedded(host: str, port: int, gpus: str | None) -> None:
     console.print(f"draftyard embedded: home {s.home}, database {s.db_url}")
     bootstrap(migrate=True)
     start_worker("local", gpus)
-    console.print(f"API on http://{host}:{port} (ready when GET /readyz answers 200)")
+    console.print(f"API on http://{host}:{port} (ready when GET /readyz answers 200); "
+                  f"dashboard http://{host}:{port}/ui (token in {s.home / 'admin_token'})")
     uvicorn.run("app.main:create_app", factory=True, host=host, port=port, log_level="warning")
 
 
