@@ -122,24 +122,63 @@ def test_run_with_bad_stage_params_is_422_naming_the_stage_field(api, worker, ta
     assert api.get("/v1/runs").json()["data"] == runs_before  # nothing half-created
 
 
-def test_cancel_run_during_train_then_retry_reuses_and_resumes(api, worker, target, home):
+@pytest.fixture
+def gpu_node(api):
+    """A worker of its own declaring one GPU (no other worker of the session declares any
+    while this module runs), stopped and marked offline after the test."""
+    import signal
+
+    from sqlalchemy import update
+
+    from app.core.db import unit_of_work
+    from app.models import Node
+    from tests.conftest import start_worker
+
+    w = start_worker("runs-gpu", "0")
+    wait_for(lambda: any(n["name"] == "runs-gpu" and n["schedulable"] and n["gpus_free"] == 1
+                         for n in api.get("/v1/nodes").json()["data"]), 60, 0.2, "node")
+    yield "runs-gpu"
+    w.kill(signal.SIGTERM)
+    with unit_of_work() as s:
+        s.execute(update(Node).where(Node.name == "runs-gpu").values(alive=False))
+
+
+def _gpus_of(api, node: str) -> list:
+    n = next(n for n in api.get("/v1/nodes").json()["data"] if n["name"] == node)
+    return [g["job_id"] for g in n["gpus"]]
+
+
+def test_cancel_run_during_train_then_retry_reuses_and_resumes(api, worker, target, home,
+                                                               gpu_node):
+    """All five stages; train holds a declared GPU. Cancel during train: train and the
+    waiting evaluate end cancelled, the GPU is free again. Retry: generate, prepare and
+    extract are not run again, train resumes from its checkpoint, evaluate runs."""
     ds = _dataset(api, home, "resume", _records(24))
     body = _body(target, ds, name="resume")
-    body["stages"]["train"].update(max_steps=150, epochs=200, checkpoint_every=3)
+    body["stages"]["generate"] = {"backend": "hf", "max_tokens": 8, "batch_size": 8}
+    body["stages"]["train"].update(max_steps=150, epochs=200, checkpoint_every=3, gpus=1)
+    body["stages"]["evaluate"] = {"num_prompts": 2, "max_new_tokens": 8}
     run = api.post("/v1/runs", body, timeout=180)
     assert run.status_code == 201, run.text
     run = run.json()
+    assert [j["run_stage"] for j in run["jobs"]] == ["generate", "prepare", "extract", "train",
+                                                     "evaluate"]
     train = next(j for j in run["jobs"] if j["run_stage"] == "train")
     wait_for(lambda: (j := api.job(train["id"]))["status"] == "running"
              and len(api.get(f"/v1/jobs/{train['id']}/metrics").json().get("loss", [])) >= 5,
              300, 0.5, "train to log a few steps")
+    j = api.job(train["id"])
+    assert j["gpus_assigned"] == [{"node": gpu_node, "index": 0}]
+    assert _gpus_of(api, gpu_node) == [train["id"]]
     before = {j["run_stage"]: j for j in api.get(f"/v1/runs/{run['id']}").json()["jobs"]}
     r = api.post(f"/v1/runs/{run['id']}/cancel")
     assert r.status_code == 200
     final = wait_for(lambda: (x := api.get(f"/v1/runs/{run['id']}").json())["status"]
                      == "cancelled" and x, 60, 0.5, "run cancelled")
     st = {j["run_stage"]: j["status"] for j in final["jobs"]}
-    assert st == {"prepare": "succeeded", "extract": "succeeded", "train": "cancelled"}
+    assert st == {"generate": "succeeded", "prepare": "succeeded", "extract": "succeeded",
+                  "train": "cancelled", "evaluate": "cancelled"}
+    assert _gpus_of(api, gpu_node) == [None]  # the declared GPU is free again
     steps_before = [s for s, _ in api.get(f"/v1/jobs/{train['id']}/metrics").json()["loss"]]
     r = api.post(f"/v1/runs/{run['id']}/retry")
     assert r.status_code == 200, r.text
@@ -147,13 +186,15 @@ def test_cancel_run_during_train_then_retry_reuses_and_resumes(api, worker, targ
                     in ("succeeded", "failed") and x, 400, 1, "run to finish after retry")
     assert done["status"] == "succeeded", done["stages"]
     after = {j["run_stage"]: j for j in done["jobs"]}
-    for s in ("prepare", "extract"):  # not run again
+    for s in ("generate", "prepare", "extract"):  # not run again
         assert after[s]["started_at"] == before[s]["started_at"]
-        assert after[s]["outputs"] == before[s]["outputs"]
-    assert after["train"]["attempt"] == 2
+        assert after[s]["outputs"] == before[s]["outputs"] and after[s]["attempt"] == 1
+    assert after["train"]["attempt"] == 2 and after["evaluate"]["status"] == "succeeded"
     steps = [s for s, _ in api.get(f"/v1/jobs/{train['id']}/metrics").json()["loss"]]
     resumed = steps[len(steps_before):]
     assert resumed and min(resumed) > 1, (steps_before, resumed)  # continued, not from step 0
+    assert done["report"] and "tau" in done["report"]
+    assert _gpus_of(api, gpu_node) == [None]
 
 
 def test_same_run_again_reuses_every_stage_unless_forced(api, worker, target, home):

@@ -97,10 +97,12 @@ def _check(report: dict, losses: list[float], n_eval: int) -> None:
 
 
 def test_trained_drafter_beats_untrained_short(demo_target, tmp_path):
-    """~55 s of CPU: 48 training answers, 120 steps of half-size packed batches."""
-    report, losses = _evaluate(tmp_path, demo_target, n_train=48, n_eval=4, max_new=40,
-                               steps=120, packed_len=512, max_anchors=64)
-    _check(report, losses, 4)
+    """~35 s on a quiet 2-core box: 48 training answers, 240 steps of half-size packed
+    batches, 8 held-out prompts (measured tau 2.62 vs 1.00; with 120 steps and 4 prompts it
+    was 1.90, too close to the bar for a noisy box)."""
+    report, losses = _evaluate(tmp_path, demo_target, n_train=48, n_eval=8, max_new=40,
+                               steps=240, packed_len=512, max_anchors=64)
+    _check(report, losses, 8)
 
 
 @pytest.mark.slow

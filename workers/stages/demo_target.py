@@ -41,6 +41,10 @@ from workers.stages.tinymodel import build_tiny_target
 DEMO_META_FILE = "demo_target.json"
 
 
+# Threads of every build (see build_demo_target): the same model whoever builds it.
+BUILD_THREADS = 2
+
+
 @dataclass(frozen=True)
 class DemoTargetConfig:
     """How the demo target is trained; each default has its reason."""
@@ -117,14 +121,24 @@ def build_demo_target(out_dir: Path | str, cfg: DemoTargetConfig | None = None,
     `demo_target.json` beside the weights with the config, corpus digest and losses.
     """
     import torch
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoTokenizer,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
 
     cfg = cfg or DemoTargetConfig()
+    prev_threads = torch.get_num_threads()
+    # The float reduction order of a CPU matmul depends on how many threads split it, and 600
+    # steps amplify the difference into another model: built with 1 thread (the test suite's
+    # setting) the demo target fell into "# # # ..." loops where the 2-thread build writes
+    # code. So every build runs with BUILD_THREADS, whatever the caller's setting.
+    torch.set_num_threads(BUILD_THREADS)
+    try:
+        return _build(out_dir, cfg, chat_template, on_step)
+    finally:
+        torch.set_num_threads(prev_threads)
+
+
+def _build(out_dir, cfg: "DemoTargetConfig", chat_template, on_step) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
     t0 = time.monotonic()
     out = build_tiny_target(out_dir, arch=cfg.arch, seed=cfg.seed, chat_template=chat_template)
     tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
@@ -194,7 +208,7 @@ def build_demo_target(out_dir: Path | str, cfg: DemoTargetConfig | None = None,
         "loss_first": losses[0],
         "loss_last10": sum(losses[-10:]) / min(10, len(losses)),
         "seconds": round(time.monotonic() - t0, 2),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": torch.get_num_threads(),  # BUILD_THREADS
     }
     (out / DEMO_META_FILE).write_text(json.dumps(meta, indent=1))
     return out
@@ -218,10 +232,10 @@ def cached_demo_target(cfg: DemoTargetConfig | None = None, chat_template: str |
     import transformers
 
     cfg = cfg or DemoTargetConfig()
-    key_src = json.dumps({"cfg": asdict(cfg), "template": chat_template, "v": 1,
+    key_src = json.dumps({"cfg": asdict(cfg), "template": chat_template, "v": 2,
                           "python": platform.python_version(), "torch": torch.__version__,
                           "transformers": transformers.__version__,
-                          "threads": torch.get_num_threads()}, sort_keys=True)
+                          "threads": BUILD_THREADS}, sort_keys=True)
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     final = (root or cache_root()) / "demo_targets" / key
     if (final / DEMO_META_FILE).is_file():
