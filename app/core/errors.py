@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import ORJSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("draftyard.api")
@@ -113,6 +113,14 @@ def install_handlers(app: FastAPI) -> None:
         return ORJSONResponse(error_body("database_unavailable",
                                          "the database is not reachable; try again"),
                               status_code=503)
+
+    @app.exception_handler(DataError)
+    async def _bad_value(_req: Request, exc: DataError):
+        # A value the database cannot store (a NUL character in text or JSON, an integer out
+        # of range): bad input, and the transaction was rolled back, so nothing is written.
+        why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
+        return ORJSONResponse(error_body("invalid_value", f"a value cannot be stored: {why}"),
+                              status_code=422)
 
     @app.exception_handler(Exception)
     async def _unexpected(_req: Request, exc: Exception):

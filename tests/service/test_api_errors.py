@@ -123,3 +123,21 @@ def test_stage_params_are_checked_at_submit_naming_the_field(api):
     # valid params pass this check (the next error is about the missing inputs)
     e = _err(api.post("/v1/jobs", {"type": "generate", "params": {"temperature": 0.7}}), 422)
     assert e["param"] == "inputs.dataset"
+
+
+def test_values_the_database_cannot_store_are_422_and_nothing_is_written(api):
+    """Found by tests/service/test_api_fuzz.py: a NUL character (PostgreSQL text and JSON
+    cannot hold one) or an integer past 64 bits used to be a 500."""
+    before = api.get("/v1/jobs", params={"limit": 100}).json()["data"]
+    e = _err(api.post("/v1/jobs", {"type": "probe", "name": "nul\u0000name"}), 422,
+             "invalid_value")
+    assert "NUL" in e["message"] or "0x00" in e["message"] or "\\u0000" in e["message"], e
+    e = _err(api.post("/v1/jobs", {"type": "probe", "name": "ok",
+                                   "params": {"steps": 1, "note": "x"}}), 422)
+    assert e["param"] == "params.note"
+    after = api.get("/v1/jobs", params={"limit": 100}).json()["data"]
+    assert [j["id"] for j in after] == [j["id"] for j in before]
+    _err(api.get("/v1/jobs", params={"after": "\u0000"}), 422, "invalid_value")
+    e = _err(api.post("/v1/users", {"name": "a\u0000b", "role": "member"}), 422)
+    users = api.get("/v1/users").json()["data"] if api.get("/v1/users").status_code == 200 else []
+    assert not any("\u0000" in (u.get("name") or "") for u in users)
