@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -79,46 +80,11 @@ def _fuzz_post(api, path: str, data) -> None:
     _cleanup(api, r)
 
 
+@pytest.mark.parametrize("path", list(KEYS))
 @FUZZ
-@given(data=body_for("/v1/jobs"))
-def test_fuzz_jobs(api, data):
-    _fuzz_post(api, "/v1/jobs", data)
-
-
-@FUZZ
-@given(data=body_for("/v1/runs"))
-def test_fuzz_runs(api, data):
-    _fuzz_post(api, "/v1/runs", data)
-
-
-@FUZZ
-@given(data=body_for("/v1/plans"))
-def test_fuzz_plans(api, data):
-    _fuzz_post(api, "/v1/plans", data)
-
-
-@FUZZ
-@given(data=body_for("/v1/datasets"))
-def test_fuzz_datasets(api, data):
-    _fuzz_post(api, "/v1/datasets", data)
-
-
-@FUZZ
-@given(data=body_for("/v1/datasets/mix"))
-def test_fuzz_mix(api, data):
-    _fuzz_post(api, "/v1/datasets/mix", data)
-
-
-@FUZZ
-@given(data=body_for("/v1/targets"))
-def test_fuzz_targets(api, data):
-    _fuzz_post(api, "/v1/targets", data)
-
-
-@FUZZ
-@given(data=body_for("/v1/users"))
-def test_fuzz_users(api, data):
-    _fuzz_post(api, "/v1/users", data)
+@given(data=st.data())
+def test_fuzz_post(api, path, data):
+    _fuzz_post(api, path, data.draw(body_for(path), label="body"))
 
 
 QUERY = st.dictionaries(st.sampled_from(["limit", "after", "status", "type", "owner", "run_id",
