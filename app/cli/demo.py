@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from app.cli.client import ApiFailure, Client
+from app.cli.runs import print_plan
 from app.cli.view import console, follow_jobs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,10 +102,7 @@ def run_pipeline(c: Client, target_dir: Path, cfg: dict, log=console.print) -> d
     }
     t = time.time()
     plan = c.post("/v1/plans", body)
-    log(f"plan ({time.time() - t:.1f} s): {'ok' if plan['ok'] else 'has errors'}")
-    for ch in plan["checks"]:
-        log(f"  [{'green' if ch['ok'] else 'red'}]{'ok ' if ch['ok'] else 'ERR'}[/] "
-            f"{ch['name']}: {ch['message']}")
+    print_plan(plan, time.time() - t, log)
     run = c.post("/v1/runs", body)
     log(f"submitted run {run['id']} with {len(run['jobs'])} stages")
     labels = {j["id"]: j["run_stage"] for j in run["jobs"]}

@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from app.cli import runs as _runs
 from app.cli.client import ApiFailure, Client
 from app.cli.view import console, follow_jobs, jobs_table
 
@@ -199,6 +200,9 @@ def nodes():
                 console.print(f"  gpu {g['index']}: {g['name']} -> {g['job_id'] or 'free'}")
     except ApiFailure as e:
         _fail(e)
+
+
+_runs.register(cli)  # plan, run, runs, dataset
 
 
 def main() -> None:

@@ -1,0 +1,172 @@
+"""CLI commands for whole runs and datasets: `plan`, `run`, `runs`, `dataset`.
+
+    draftyard dataset data/orca.jsonl --name orca        # upload, wait, print stats + rejects
+    draftyard plan run.json                              # checks in seconds; exit 1 on errors
+    draftyard run run.json --follow                      # submit, per-stage bars, the report
+    draftyard runs
+
+`run.json` is the body of `POST /v1/runs` (API.md); `app/cli/demo.py` builds a complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from app.cli.client import ApiFailure, Client
+from app.cli.view import TERMINAL, console, follow_jobs
+
+
+def _fail(e: ApiFailure, code: int = 1) -> None:
+    console.print(f"[red]error[/red] {e}")
+    raise typer.Exit(code)
+
+
+def _body(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        console.print(f"[red]error[/red] {path}: no such file")
+    except json.JSONDecodeError as e:
+        console.print(f"[red]error[/red] {path}: not JSON (line {e.lineno}, column {e.colno}: "
+                      f"{e.msg})")
+    raise typer.Exit(2)
+
+
+def print_plan(plan: dict, seconds: float | None = None, log=console.print) -> None:
+    took = f" ({seconds:.1f} s)" if seconds is not None else ""
+    log(f"plan{took}: {'[green]ok[/green]' if plan['ok'] else '[red]has errors[/red]'}")
+    for ch in plan["checks"]:
+        log(f"  [{'green' if ch['ok'] else 'red'}]{'ok ' if ch['ok'] else 'ERR'}[/] "
+            f"{ch['name']}: {ch['message']}")
+    for f in (plan.get("failures") or [])[:10]:
+        log(f"  record {f.get('id', '?')} ({f.get('source', '?')}): {f.get('reason', '')}")
+    more = len(plan.get("failures") or []) - 10
+    if more > 0:
+        log(f"  ... and {more} more records")
+    for w in plan.get("warnings") or []:
+        log(f"  [yellow]warning[/yellow] {w}")
+
+
+def _num(x) -> str:
+    return f"{x:.2f}" if isinstance(x, (int, float)) else "-"
+
+
+def print_run_report(c: Client, run: dict) -> None:
+    color = {"succeeded": "green", "failed": "red"}.get(run["status"], "yellow")
+    console.print(f"\nrun {run['id']}: [{color}]{run['status']}[/{color}]")
+    for j in run["jobs"]:
+        extra = f"  {j['error']['code']}: {j['error']['message']}" if j.get("error") else ""
+        reused = f" (reused {j['reused_from']})" if j.get("reused_from") else ""
+        console.print(f"  {j['run_stage']:<9} {j['id']} {j['status']:<10}"
+                      f"{', '.join(j['outputs']) or '-'}{reused}{extra}")
+    rep = run.get("report") or {}
+    if rep:
+        console.print(f"  tau {_num(rep.get('tau'))} (tau_sim {_num(rep.get('tau_sim'))}), "
+                      f"untrained {_num(rep.get('tau_baseline'))}; verdict {rep.get('verdict')}")
+
+
+def register(cli: typer.Typer) -> None:
+    @cli.command()
+    def plan(file: Path = typer.Argument(..., help="a run body (JSON), as for POST /v1/runs")):
+        """Dry-run a run on a sample of its data, without GPUs: exit 1 when a check fails."""
+        c = Client(timeout=180)
+        t = time.time()
+        try:
+            p = c.post("/v1/plans", _body(file))
+        except ApiFailure as e:
+            _fail(e, 2)
+        print_plan(p, time.time() - t)
+        raise typer.Exit(0 if p["ok"] else 1)
+
+    @cli.command()
+    def run(file: Path = typer.Argument(..., help="a run body (JSON), as for POST /v1/runs"),
+            follow: bool = typer.Option(False, "-f", "--follow", help="per-stage progress bars"),
+            force_plan: bool = typer.Option(False, help="start even if the plan has errors")):
+        """Submit a whole run (generate -> prepare -> extract -> train -> evaluate)."""
+        c = Client(timeout=180)
+        body = _body(file)
+        if force_plan:
+            body["force_plan"] = True
+        try:
+            r = c.post("/v1/runs", body)
+        except ApiFailure as e:
+            if isinstance(e.body, dict) and e.body.get("error", {}).get("code") == "plan_failed":
+                print_plan(e.body["error"]["details"])
+                console.print("[red]refused[/red]: the plan has errors (--force-plan to start "
+                              "anyway)")
+                raise typer.Exit(1) from None
+            _fail(e, 2)
+        console.print(f"submitted run [bold]{r['id']}[/bold]: "
+                      f"{' -> '.join(j['run_stage'] for j in r['jobs'])}")
+        if not follow:
+            return
+        labels = {j["id"]: j["run_stage"] for j in r["jobs"]}
+        follow_jobs(c, list(labels), labels)
+        final = c.get(f"/v1/runs/{r['id']}")
+        for _ in range(20):  # the run's own status follows its jobs' within a moment
+            if final["status"] in TERMINAL:
+                break
+            time.sleep(0.5)
+            final = c.get(f"/v1/runs/{r['id']}")
+        print_run_report(c, final)
+        raise typer.Exit(0 if final["status"] == "succeeded" else 1)
+
+    @cli.command()
+    def runs(limit: int = 20):
+        """List runs with their stages and acceptance."""
+        try:
+            page = Client().get("/v1/runs", limit=limit)
+        except ApiFailure as e:
+            _fail(e)
+        t = Table(title="runs")
+        for col in ("id", "name", "status", "stages", "tau (untrained)"):
+            t.add_column(col)
+        for r in page["data"]:
+            stages = " ".join(f"{j['run_stage']}:{j['status']}" for j in r["jobs"])
+            rep = r.get("report") or {}
+            tau = f"{_num(rep.get('tau'))} ({_num(rep.get('tau_baseline'))})" if rep else ""
+            t.add_row(r["id"], r["name"], r["status"], stages, tau)
+        console.print(t)
+
+    @cli.command()
+    def dataset(file: Path = typer.Argument(..., help="a chat-data file to upload"),
+                name: Optional[str] = typer.Option(None, help="default: the file's name"),
+                fmt: str = typer.Option("auto", "--format", help="force a format"),
+                server_path: bool = typer.Option(False, help="ingest FILE where it lies on the "
+                                                 "server (inside DRAFTYARD_DATA_ROOTS), no upload")):
+        """Add a dataset and wait for its ingest: format, counts, rejected lines and why."""
+        c = Client(timeout=600)
+        name = name or file.name.split(".")[0]
+        try:
+            if server_path:
+                d = c.post("/v1/datasets", {"name": name, "path": str(file.resolve()),
+                                            "format": fmt})
+            else:
+                if not file.is_file():
+                    console.print(f"[red]error[/red] {file}: no such file")
+                    raise typer.Exit(2)
+                with open(file, "rb") as fh:
+                    d = c._check(c.http.post("/v1/datasets", files={"file": (file.name, fh)},
+                                             data={"name": name, "format": fmt}))
+            console.print(f"dataset [bold]{d['id']}[/bold] ({d['status']})")
+            while d["status"] == "ingesting":
+                time.sleep(0.5)
+                d = c.get(f"/v1/datasets/{d['id']}")
+        except ApiFailure as e:
+            _fail(e)
+        if d["status"] != "ready":
+            console.print(f"[red]{d['status']}[/red]: {(d.get('error') or {}).get('message', '')}")
+            raise typer.Exit(1)
+        st = d.get("stats") or {}
+        console.print(f"{d['name']}: format {d['format']}, {d['num_records']} records "
+                      f"({st.get('user_only', 0)} prompt-only, {st.get('with_system', 0)} with "
+                      f"system, {st.get('with_tools', 0)} with tools), "
+                      f"{d['num_rejected']} rejected")
+        for rj in d.get("rejected_sample") or []:
+            console.print(f"  line {rj['line']}: {rj['reason']}")
