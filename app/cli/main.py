@@ -206,7 +206,23 @@ _runs.register(cli)  # plan, run, runs, dataset
 
 
 def main() -> None:
-    cli()
+    """The `draftyard` entry point: an unreachable API or an API error is one line, never a
+    traceback."""
+    import httpx
+
+    from app.cli.client import settings
+
+    try:
+        cli()
+    except httpx.TransportError as e:
+        console.print(f"[red]error[/red] cannot reach the draftyard API at {settings()[0]}: {e} "
+                      "(is it running? `draftyard up` starts one; DRAFTYARD_URL points elsewhere)")
+        raise SystemExit(3) from None
+    except ApiFailure as e:
+        console.print(f"[red]error[/red] {e}")
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

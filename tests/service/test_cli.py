@@ -95,3 +95,15 @@ def test_plan_run_and_runs(api, worker, tiny, tmp_path):
     bad.write_text(json.dumps(body))
     r = cli(api, "run", str(bad))
     assert r.returncode == 2 and "stages.train" in r.stdout, r.stdout
+
+
+def test_unreachable_api_is_one_line_not_a_traceback(tmp_path):
+    from tests.conftest import free_port
+
+    dead = type("A", (), {"url": f"http://127.0.0.1:{free_port()}", "token": "x"})()
+    (tmp_path / "run.json").write_text("{}")
+    for args in (["jobs"], ["runs"], ["plan", str(tmp_path / "run.json")]):
+        r = cli(dead, *args, timeout=60)
+        assert r.returncode == 3, (args, r.stdout, r.stderr)
+        assert "cannot reach the draftyard API at http://127.0.0.1:" in r.stdout, r.stdout
+        assert "Traceback" not in r.stdout + r.stderr and "──" not in r.stdout + r.stderr
