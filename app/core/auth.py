@@ -9,10 +9,11 @@ import time
 from dataclasses import dataclass
 
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.core.db import request_session
+from app.core.db import unit_of_work
 from app.core.errors import Forbidden, Unauthorized
 from app.core.ids import new_id
 from app.models import Token, User
@@ -87,20 +88,30 @@ def lookup(session: Session, secret: str) -> Principal | None:
     return p
 
 
-def current_user(request: Request, session: Session = Depends(request_session, scope="function")) -> Principal:
+async def current_user(request: Request) -> Principal:
+    """The caller, from `Authorization: Bearer <token>`. Async: a cached token (the common
+    case) costs no thread hop and no DB session; a miss looks it up in the thread pool."""
     header = request.headers.get("authorization", "")
     scheme, _, secret = header.partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'",
                            code="missing_token")
-    p = lookup(session, secret.strip())
+    p = token_cache.get(hash_token(secret))
+    if p is None:
+        p = await run_in_threadpool(_lookup_in_db, secret)
     if p is None:
         raise Unauthorized("the token is not valid (unknown or revoked)", code="invalid_token")
     request.state.user = p
     return p
 
 
-def require_admin(user: Principal = Depends(current_user)) -> Principal:
+def _lookup_in_db(secret: str) -> Principal | None:
+    with unit_of_work() as s:
+        return lookup(s, secret)
+
+
+async def require_admin(user: Principal = Depends(current_user)) -> Principal:
     if not user.is_admin:
         raise Forbidden("this action needs an admin token", code="admin_only")
     return user

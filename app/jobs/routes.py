@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import ORJSONResponse, PlainTextResponse, StreamingResponse
 from sqlalchemy.orm import Session
 from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
 
 from app.core.auth import Principal, current_user
 from app.core.db import request_session, unit_of_work
@@ -42,9 +43,13 @@ def list_jobs(status: str | None = None, type: str | None = None, owner: str | N
 
 
 @router.get("/{job_id}")
-def get_job(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return ORJSONResponse(jobs_read(session, [service.get_job(session, job_id)])[0],
-                          headers={"Cache-Control": "no-store"})
+async def get_job(job_id: str, user: Principal = Depends(current_user)):
+    # The route every client polls: one hop to the thread pool for the whole read (a sync
+    # route with a sync session dependency costs several hops per request).
+    def read() -> dict:
+        with unit_of_work() as s:
+            return jobs_read(s, [service.get_job(s, job_id)])[0]
+    return ORJSONResponse(await run_in_threadpool(read), headers={"Cache-Control": "no-store"})
 
 
 @router.post("/{job_id}/cancel")

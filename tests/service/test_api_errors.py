@@ -141,3 +141,16 @@ def test_values_the_database_cannot_store_are_422_and_nothing_is_written(api):
     e = _err(api.post("/v1/users", {"name": "a\u0000b", "role": "member"}), 422)
     users = api.get("/v1/users").json()["data"] if api.get("/v1/users").status_code == 200 else []
     assert not any("\u0000" in (u.get("name") or "") for u in users)
+
+
+def test_a_revoked_token_is_refused_at_once(api):
+    u = api.post("/v1/users", {"name": "revokee", "role": "member"}).json()
+    me = api.as_(u["token"])
+    assert me.get("/v1/users/me").json()["name"] == "revokee"  # now cached by the API
+    t2 = me.post(f"/v1/users/{u['id']}/tokens").json()
+    second = api.as_(t2["token"])
+    assert second.get("/v1/jobs").status_code == 200
+    assert me.delete(f"/v1/tokens/{t2['id']}").status_code == 204
+    e = _err(second.get("/v1/jobs"), 401, "invalid_token")
+    assert "revoked" in e["message"]
+    assert me.get("/v1/jobs").status_code == 200  # the user's other token still works
