@@ -232,3 +232,13 @@ def member(api) -> Api:
 @pytest.fixture(scope="session")
 def home() -> Path:
     return _HOME
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say loudly when the real fixtures were missing: those tests skip, and a green run
+    without them tests much less than it seems."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    missing = sum(1 for r in skipped if "shared fixtures not found" in str(r.longrepr))
+    if missing:
+        terminalreporter.write_sep("!", f"{missing} tests SKIPPED: ../shared/fixtures not found "
+                                        "(set DRAFTYARD_SHARED_FIXTURES)", red=True, bold=True)
