@@ -20,8 +20,6 @@ The stage owns the server: its own process group, health-checked before use, alw
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workers.stages.common import StageError
+from workers.stages.procs import stop_group
 
 PREFIX = "vllm:spec_decode_"
 METHODS = {"dflash": "dflash", "eagle3": "eagle3"}
@@ -150,19 +149,8 @@ class VllmServer:
         self.stop()
 
     def stop(self, grace_s: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            self._close_log()
-            return
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        if self.proc is not None:
+            stop_group(self.proc, grace_s)
         self._close_log()
 
     def _close_log(self) -> None:

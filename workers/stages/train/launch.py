@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workers.stages.common import StageContext, StageError, write_json_atomic
+from workers.stages.procs import stop_group
 
 LAUNCH_DIR = "launch"
 STOP_GRACE_S = 120.0   # a rank finishes its step and writes a checkpoint within this
@@ -84,22 +84,6 @@ def worker_env(plan: DevicePlan) -> dict[str, str]:
     return env
 
 
-def _terminate(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM the process group, wait `grace_s`, then SIGKILL it."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
 def run_distributed(job_json: dict, plan: DevicePlan, work_dir: Path) -> dict:
     """Train under torchrun; returns rank 0's summary. A stop (KeyboardInterrupt here) is
     forwarded as SIGTERM, so the ranks checkpoint at their next step, then re-raised."""
@@ -115,7 +99,7 @@ def run_distributed(job_json: dict, plan: DevicePlan, work_dir: Path) -> dict:
     try:
         rc = proc.wait()
     except KeyboardInterrupt:
-        _terminate(proc, STOP_GRACE_S)
+        stop_group(proc, STOP_GRACE_S)
         raise
     error = launch_dir / "error.json"
     if error.is_file():
@@ -194,7 +178,7 @@ class VllmServer:
 
     def _stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            _terminate(self.proc, 60.0)
+            stop_group(self.proc, 60.0)
 
     def __exit__(self, *exc) -> None:
         self._stop()

@@ -30,7 +30,6 @@ import asyncio
 import fcntl
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from workers.stages.extract.backends import ExtractJob, Progress, open_rows, rea
 from workers.stages.extract.layers import LayerPlan, is_hybrid
 from workers.stages.extract.params import VllmParams
 from workers.stages.extract.writer import torch_dtype, write_sample
+from workers.stages.procs import stop_group
 
 SERVED_MODEL_NAME = "draftyard-target"
 STAGING_DIR = "vllm_staging"
@@ -162,18 +162,8 @@ class VllmServer:
                 time.sleep(poll_s)
 
     def __exit__(self, *exc: Any) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(timeout=wait_s)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        if self.proc is not None:
+            stop_group(self.proc, 30.0)
 
 
 # ---------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ it asks the GPUs for memory again.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import signal
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 from workers.stages.common import StageError
+from workers.stages.procs import kill_group, stop_group
 
 _PR_SET_PDEATHSIG = 1
 
@@ -83,54 +83,6 @@ def _start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-def _group_members(pgid: int) -> list[int] | None:
-    """Live (non-zombie) processes of a process group, from /proc; None without /proc."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return None
-    members = []
-    for d in proc.iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # exited while we looked
-        # fields[0] is the state (field 3), fields[2] the process group (field 5).
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(d.name))
-    return members
-
-
-def _pgid_alive(pgid: int) -> bool:
-    members = _group_members(pgid)
-    if members is not None:
-        # A zombie leader (exited, not yet reaped) counts as gone: it holds no GPU memory.
-        return bool(members)
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def _kill_group(pgid: int, grace_s: float, leader: subprocess.Popen | None = None) -> None:
-    """SIGTERM the whole group, then SIGKILL what is left after grace_s."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if leader is not None:
-            leader.poll()  # reap our own child so it does not linger as a zombie
-        if not _pgid_alive(pgid):
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 class VllmServer:
     def __init__(self, command: list[str], port: int, log_path: Path, pid_path: Path,
                  host: str = "127.0.0.1", env: dict | None = None, stop_grace_s: float = 30.0):
@@ -156,7 +108,7 @@ class VllmServer:
         except (OSError, ValueError):
             return
         if pgid > 1 and pgid != os.getpgrp() and _start_time(pgid) == started:
-            _kill_group(pgid, self.stop_grace_s)
+            kill_group(pgid, self.stop_grace_s)
         self.pid_path.unlink(missing_ok=True)
 
     def start(self) -> None:
@@ -213,8 +165,6 @@ class VllmServer:
         """Stop the server and everything it started. Idempotent."""
         if self.proc is None:
             return
-        _kill_group(self.proc.pid, self.stop_grace_s, leader=self.proc)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
+        stop_group(self.proc, self.stop_grace_s)
         self.proc = None
         self.pid_path.unlink(missing_ok=True)
