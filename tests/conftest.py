@@ -217,6 +217,44 @@ def worker(server):
     w.kill(signal.SIGTERM)
 
 
+class GpuWorkers:
+    """Worker processes of one test, each declaring one GPU (`--gpus 0`); see `gpu_workers`."""
+
+    def __init__(self, api: "Api"):
+        self.api = api
+        self.procs: dict[str, Proc] = {}
+
+    def start(self, name: str) -> Proc:
+        p = self.procs[name] = start_worker(name, "0")
+        wait_for(lambda: any(n["name"] == name and n["schedulable"] and n["gpus_free"] == 1
+                             and n["info"].get("pid") == p.pid
+                             for n in self.api.get("/v1/nodes").json()["data"]),
+                 60, 0.2, f"node {name} to register")
+        return p
+
+    def close(self) -> None:
+        from sqlalchemy import update
+
+        from app.core.db import unit_of_work
+        from app.models import Node
+
+        for p in self.procs.values():
+            p.kill(signal.SIGTERM)
+        with unit_of_work() as s:  # also when a stop was not clean: no job goes there again
+            s.execute(update(Node).where(Node.name.in_(list(self.procs))).values(alive=False))
+
+
+@pytest.fixture
+def gpu_workers(api):
+    """Start workers that declare one GPU each (the session's `w1` declares none, so a job
+    asking for a GPU lands on one of these); stopped and marked offline after the test."""
+    w = GpuWorkers(api)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
 _user_n = [0]
 
 

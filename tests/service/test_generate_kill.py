@@ -13,41 +13,16 @@ import signal
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
-from sqlalchemy import update
 
-from tests.conftest import start_worker, wait_for
+from tests.conftest import wait_for
 
 N = 24
 
 
-@pytest.fixture
-def gen_nodes(api):
-    procs = {}
-
-    def start(name: str):
-        procs[name] = start_worker(name, "0")
-        wait_for(lambda: any(n["name"] == name and n["schedulable"] and n["gpus_free"] == 1
-                             and n["info"].get("pid") == procs[name].pid
-                             for n in api.get("/v1/nodes").json()["data"]),
-                 60, 0.2, f"node {name} to register")
-        return procs[name]
-    try:
-        yield start, procs
-    finally:
-        from app.core.db import unit_of_work
-        from app.models import Node
-
-        for p in procs.values():
-            p.kill(signal.SIGTERM)
-        with unit_of_work() as s:
-            s.execute(update(Node).where(Node.name.in_(list(procs))).values(alive=False))
-
-
-def test_sigkill_worker_mid_generate_then_retry_every_record_once(api, worker, home, gen_nodes):
+def test_sigkill_worker_mid_generate_then_retry_every_record_once(api, worker, home,
+                                                                 gpu_workers):
     from workers.stages.tinymodel import build_tiny_target
 
-    start, procs = gen_nodes
     d = build_tiny_target(home / "models" / "tiny-genkill", arch="qwen3")
     tgt = api.post("/v1/targets", {"name": "tiny-genkill", "path": str(d)})
     assert tgt.status_code == 201, tgt.text
@@ -64,7 +39,7 @@ def test_sigkill_worker_mid_generate_then_retry_every_record_once(api, worker, h
                   != "ingesting" and x, 120, 0.3, "ingest")
     assert ds["status"] == "ready" and ds["num_records"] == N
 
-    start("gk1")
+    gpu_workers.start("gk1")
     job = api.submit(type="generate", gpus=1,
                      inputs={"dataset": ds["id"], "target": tgt.json()["id"]},
                      params={"backend": "hf", "max_tokens": 40, "temperature": 0.0,
@@ -72,14 +47,14 @@ def test_sigkill_worker_mid_generate_then_retry_every_record_once(api, worker, h
                              "chat_template_kwargs": {"enable_thinking": False}})
     shards = home / "jobs" / job["id"] / "work" / "generate" / "shards"
     wait_for(lambda: list(shards.glob("shard-*.parquet")), 300, 0.02, "the first shard")
-    procs.pop("gk1").kill(signal.SIGKILL)  # the worker's whole process group
+    gpu_workers.procs["gk1"].kill(signal.SIGKILL)  # the worker's whole process group
     j = api.job(job["id"])
     assert j["status"] == "running" and j["node"] == "gk1", j
     before = {q.name: q.read_bytes() for q in shards.glob("shard-*.parquet")}
     done_at_kill = sum(pq.read_metadata(shards / n).num_rows for n in before)
     assert 0 < done_at_kill < N, done_at_kill
 
-    start("gk2")  # the reaper finds gk1 lost and requeues the job; gk2 runs attempt 2
+    gpu_workers.start("gk2")  # the reaper finds gk1 lost and requeues the job; gk2 runs attempt 2
     j = api.wait_job(job["id"], timeout=400)
     assert j["status"] == "succeeded", j
     assert j["attempt"] == 2 and j["node"] == "gk2"

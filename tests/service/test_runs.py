@@ -123,24 +123,10 @@ def test_run_with_bad_stage_params_is_422_naming_the_stage_field(api, worker, ta
 
 
 @pytest.fixture
-def gpu_node(api):
-    """A worker of its own declaring one GPU (no other worker of the session declares any
-    while this module runs), stopped and marked offline after the test."""
-    import signal
-
-    from sqlalchemy import update
-
-    from app.core.db import unit_of_work
-    from app.models import Node
-    from tests.conftest import start_worker
-
-    w = start_worker("runs-gpu", "0")
-    wait_for(lambda: any(n["name"] == "runs-gpu" and n["schedulable"] and n["gpus_free"] == 1
-                         for n in api.get("/v1/nodes").json()["data"]), 60, 0.2, "node")
-    yield "runs-gpu"
-    w.kill(signal.SIGTERM)
-    with unit_of_work() as s:
-        s.execute(update(Node).where(Node.name == "runs-gpu").values(alive=False))
+def gpu_node(gpu_workers):
+    """A worker of its own declaring one GPU, stopped and marked offline after the test."""
+    gpu_workers.start("runs-gpu")
+    return "runs-gpu"
 
 
 def _gpus_of(api, node: str) -> list:
