@@ -19,7 +19,7 @@ from pathlib import Path
 
 from app.cli.client import ApiFailure, Client
 from app.cli.runs import print_plan
-from app.cli.view import console, follow_jobs
+from app.cli.view import console, follow_jobs, num
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "demo" / "data"
@@ -110,10 +110,6 @@ def run_pipeline(c: Client, target_dir: Path, cfg: dict, log=console.print) -> d
     return c.get(f"/v1/runs/{run['id']}")
 
 
-def _num(x) -> str:
-    return f"{x:.2f}" if isinstance(x, (int, float)) else str(x)
-
-
 def print_report(c: Client, run: dict) -> dict:
     rep = run.get("report") or {}
     console.print(f"\nrun {run['id']}: [bold]{run['status']}[/bold]")
@@ -130,9 +126,9 @@ def print_report(c: Client, run: dict) -> dict:
     if rep:
         console.print("\nacceptance (greedy speculative decoding on held-out prompts; tau = "
                       "tokens per target forward):")
-        console.print(f"  trained drafter:   tau {_num(rep.get('tau'))}  "
-                      f"(tau_sim {_num(rep.get('tau_sim'))})")
-        console.print(f"  untrained drafter: tau {_num(rep.get('tau_baseline'))}")
+        console.print(f"  trained drafter:   tau {num(rep.get('tau'))}  "
+                      f"(tau_sim {num(rep.get('tau_sim'))})")
+        console.print(f"  untrained drafter: tau {num(rep.get('tau_baseline'))}")
         console.print(f"  verdict: {rep.get('verdict')}")
         drafter = next((j for j in run["jobs"] if j["run_stage"] == "train"), None)
         if drafter and drafter["outputs"]:

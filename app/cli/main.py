@@ -13,7 +13,7 @@ import typer
 
 from app.cli import runs as _runs
 from app.cli.client import ApiFailure, Client
-from app.cli.view import console, follow_jobs, jobs_table
+from app.cli.view import console, fail, follow_jobs, jobs_table
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="draftyard: train speculative-decoding drafters as a shared service")
@@ -21,11 +21,6 @@ cli = typer.Typer(add_completion=False, no_args_is_help=True,
 
 def _client() -> Client:
     return Client()
-
-
-def _fail(e: ApiFailure) -> None:
-    console.print(f"[red]error[/red] {e}")
-    raise typer.Exit(1)
 
 
 # ---- running the service ------------------------------------------------------------------
@@ -102,7 +97,7 @@ def submit(type: str = typer.Argument(..., help="probe|ingest|generate|prepare|e
     try:
         job = c.post("/v1/jobs", body)
     except ApiFailure as e:
-        _fail(e)
+        fail(e)
     console.print(f"submitted [bold]{job['id']}[/bold] ({job['status']})")
     if follow:
         final = follow_jobs(c, [job["id"]])[0]
@@ -125,7 +120,7 @@ def jobs(status: Optional[str] = None, type: Optional[str] = None, owner: Option
     try:
         page = _client().get("/v1/jobs", status=status, type=type, owner=owner, limit=limit)
     except ApiFailure as e:
-        _fail(e)
+        fail(e)
     console.print(jobs_table(page["data"]))
 
 
@@ -135,7 +130,7 @@ def show(job_id: str):
     try:
         console.print_json(json.dumps(_client().get(f"/v1/jobs/{job_id}")))
     except ApiFailure as e:
-        _fail(e)
+        fail(e)
 
 
 @cli.command()
@@ -152,14 +147,14 @@ def logs(job_id: str, follow: bool = typer.Option(False, "-f", "--follow"),
         else:
             sys.stdout.write(c.get(f"/v1/jobs/{job_id}/logs", tail=tail))
     except ApiFailure as e:
-        _fail(e)
+        fail(e)
 
 
 def _job_action(job_id: str, action: str) -> None:
     try:
         _print_final(_client().post(f"/v1/jobs/{job_id}/{action}"))
     except ApiFailure as e:
-        _fail(e)
+        fail(e)
 
 
 @cli.command()
@@ -180,7 +175,7 @@ def queue():
     try:
         q = _client().get("/v1/queue")
     except ApiFailure as e:
-        _fail(e)
+        fail(e)
     console.print(jobs_table(q["running"], "running"))
     console.print(jobs_table(q["waiting"], "waiting (in order)"))
     for u in q["users"]:
@@ -199,7 +194,7 @@ def nodes():
             for g in n["gpus"]:
                 console.print(f"  gpu {g['index']}: {g['name']} -> {g['job_id'] or 'free'}")
     except ApiFailure as e:
-        _fail(e)
+        fail(e)
 
 
 _runs.register(cli)  # plan, run, runs, dataset

@@ -19,12 +19,7 @@ import typer
 from rich.table import Table
 
 from app.cli.client import ApiFailure, Client
-from app.cli.view import TERMINAL, console, follow_jobs
-
-
-def _fail(e: ApiFailure, code: int = 1) -> None:
-    console.print(f"[red]error[/red] {e}")
-    raise typer.Exit(code)
+from app.cli.view import TERMINAL, console, fail, follow_jobs, num
 
 
 def _body(path: Path) -> dict:
@@ -53,10 +48,6 @@ def print_plan(plan: dict, seconds: float | None = None, log=console.print) -> N
         log(f"  [yellow]warning[/yellow] {w}")
 
 
-def _num(x) -> str:
-    return f"{x:.2f}" if isinstance(x, (int, float)) else "-"
-
-
 def print_run_report(c: Client, run: dict) -> None:
     color = {"succeeded": "green", "failed": "red"}.get(run["status"], "yellow")
     console.print(f"\nrun {run['id']}: [{color}]{run['status']}[/{color}]")
@@ -67,8 +58,8 @@ def print_run_report(c: Client, run: dict) -> None:
                       f"{', '.join(j['outputs']) or '-'}{reused}{extra}")
     rep = run.get("report") or {}
     if rep:
-        console.print(f"  tau {_num(rep.get('tau'))} (tau_sim {_num(rep.get('tau_sim'))}), "
-                      f"untrained {_num(rep.get('tau_baseline'))}; verdict {rep.get('verdict')}")
+        console.print(f"  tau {num(rep.get('tau'))} (tau_sim {num(rep.get('tau_sim'))}), "
+                      f"untrained {num(rep.get('tau_baseline'))}; verdict {rep.get('verdict')}")
 
 
 def register(cli: typer.Typer) -> None:
@@ -80,7 +71,7 @@ def register(cli: typer.Typer) -> None:
         try:
             p = c.post("/v1/plans", _body(file))
         except ApiFailure as e:
-            _fail(e, 2)
+            fail(e, 2)
         print_plan(p, time.time() - t)
         raise typer.Exit(0 if p["ok"] else 1)
 
@@ -101,7 +92,7 @@ def register(cli: typer.Typer) -> None:
                 console.print("[red]refused[/red]: the plan has errors (--force-plan to start "
                               "anyway)")
                 raise typer.Exit(1) from None
-            _fail(e, 2)
+            fail(e, 2)
         console.print(f"submitted run [bold]{r['id']}[/bold]: "
                       f"{' -> '.join(j['run_stage'] for j in r['jobs'])}")
         if not follow:
@@ -123,14 +114,14 @@ def register(cli: typer.Typer) -> None:
         try:
             page = Client().get("/v1/runs", limit=limit)
         except ApiFailure as e:
-            _fail(e)
+            fail(e)
         t = Table(title="runs")
         for col in ("id", "name", "status", "stages", "tau (untrained)"):
             t.add_column(col)
         for r in page["data"]:
             stages = " ".join(f"{j['run_stage']}:{j['status']}" for j in r["jobs"])
             rep = r.get("report") or {}
-            tau = f"{_num(rep.get('tau'))} ({_num(rep.get('tau_baseline'))})" if rep else ""
+            tau = f"{num(rep.get('tau'))} ({num(rep.get('tau_baseline'))})" if rep else ""
             t.add_row(r["id"], r["name"], r["status"], stages, tau)
         console.print(t)
 
@@ -159,7 +150,7 @@ def register(cli: typer.Typer) -> None:
                 time.sleep(0.5)
                 d = c.get(f"/v1/datasets/{d['id']}")
         except ApiFailure as e:
-            _fail(e)
+            fail(e)
         if d["status"] != "ready":
             console.print(f"[red]{d['status']}[/red]: {(d.get('error') or {}).get('message', '')}")
             raise typer.Exit(1)

@@ -12,6 +12,19 @@ console = Console()
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
+def fail(e, code: int = 1) -> None:
+    """An API failure as one red line, then exit `code`."""
+    import typer
+
+    console.print(f"[red]error[/red] {e}")
+    raise typer.Exit(code)
+
+
+def num(x) -> str:
+    """A tau-like number with two decimals; '-' when there is none."""
+    return f"{x:.2f}" if isinstance(x, (int, float)) else "-"
+
+
 def jobs_table(jobs: list[dict], title: str = "jobs") -> Table:
     t = Table(title=title)
     for c in ("id", "type", "status", "owner", "gpus", "progress", "reason / error"):
