@@ -69,24 +69,20 @@ def build_chain(body) -> list[tuple[str, dict, dict, int]]:
     return chain
 
 
-def _as_run_error(stage: str, e: Invalid) -> Invalid:
-    """A stage's param error named as the run spells it: `stages.<stage>.<field>`."""
-    where = (e.param or "params").removeprefix("params")
-    return Invalid(f"stages.{stage}: {e.message}", param=f"stages.{stage}{where}", code=e.code,
-                   details=e.details)
-
-
 def check_params(body) -> None:
     """Every stage's params valid (422 naming the first bad field), in microseconds: done
     before the plan, which takes seconds."""
     for stage, _inputs, params, _gpus in build_chain(body):
         try:
             validate_params(stage, params)
-        except Invalid as e:
-            raise _as_run_error(stage, e) from None
+        except Invalid as e:  # named as the run spells it: stages.<stage>.<field>
+            where = (e.param or "params").removeprefix("params")
+            raise Invalid(f"stages.{stage}: {e.message}", param=f"stages.{stage}{where}",
+                          code=e.code, details=e.details) from None
 
 
 def create_run(session: Session, user: Principal, body) -> Run:
+    """The run and its chain of jobs; `check_params(body)` first (the route does)."""
     if session.get(Target, body.target_id) is None:
         raise Invalid(f"target_id: {body.target_id} not found", param="target_id",
                       code="unknown_input")
@@ -105,13 +101,10 @@ def create_run(session: Session, user: Principal, body) -> Run:
     for stage, inputs, params, gpus in build_chain(body):
         resolved = {k: ({"job": made[v[1:]]} if isinstance(v, str) and v.startswith("@") else v)
                     for k, v in inputs.items()}
-        try:
-            job = jobs.create_job(session, user, JobCreate(
-                type=JobType(stage), name=f"{body.name}: {stage}", priority=body.priority,
-                gpus=gpus, inputs=resolved, params=params, force=body.force),
-                run_id=run.id, run_stage=stage, validate_params=validate_params)
-        except Invalid as e:
-            raise _as_run_error(stage, e) from None
+        job = jobs.create_job(session, user, JobCreate(
+            type=JobType(stage), name=f"{body.name}: {stage}", priority=body.priority,
+            gpus=gpus, inputs=resolved, params=params, force=body.force),
+            run_id=run.id, run_stage=stage, validate_params=validate_params)
         made[stage] = job.id
     return run
 
