@@ -9,6 +9,7 @@ from fastapi.responses import ORJSONResponse
 
 from app.core.errors import install_handlers
 from app.core.middleware import RequestIdMiddleware
+from app.wiring import wire
 
 
 def create_app() -> FastAPI:
@@ -23,6 +24,7 @@ def create_app() -> FastAPI:
     from app.targets.routes import router as targets
     from app.users.routes import router as users
 
+    wire()
     app = FastAPI(title="draftyard", version="0.1.0", default_response_class=ORJSONResponse)
     install_handlers(app)
     app.add_middleware(RequestIdMiddleware)

@@ -159,6 +159,9 @@ def decisions(stack: Stack, repeats: int, with_reasons: bool,
     from app.core.db import utcnow
     from app.models import Gpu, GpuLease, Job
     from app.scheduler.service import schedule_once
+    from app.wiring import wire
+
+    wire()  # a pass may change job status: same consequences as in the API
 
     out: dict[str, list[float]] = {"wall": [], "cpu": [], "base": [], "placed": []}
     with Session(stack.engine()) as s:

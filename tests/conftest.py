@@ -65,6 +65,9 @@ def database():
     import redis
 
     redis.Redis.from_url(TEST_ENV["DRAFTYARD_BROKER_URL"]).flushdb()
+    from app.wiring import wire
+
+    wire()  # in-process service calls change job status too (app/jobs/lifecycle.py)
     yield TEST_ENV["DRAFTYARD_DATABASE_URL"]
     from app.core.db import get_engine
 

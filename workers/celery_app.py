@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 
 from app.core.broker import RUN_JOB, SCHEDULE, celery_app
+from app.wiring import wire
 
 app = celery_app()
+wire()  # this process changes job status too: same consequences as in the API (app/wiring.py)
 
 
 def node_name() -> str:

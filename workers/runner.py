@@ -16,13 +16,11 @@ from sqlalchemy import select
 from app.core.config import get_settings
 from app.core.db import unit_of_work, utcnow
 from app.core.ids import new_id
-from app.jobs import hooks
 from app.jobs.inputs import Unresolved, resolve
 from app.jobs.logs import read_tail
 from app.jobs.service import add_event, cas_status, release_gpus, transition
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, Job
-from app.scheduler.nudge import nudge
 from workers.supervisor import StageOutcome, Supervisor
 
 log = logging.getLogger("draftyard.worker")
@@ -169,8 +167,6 @@ def finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | Non
             transition(s, job, S.failed, error=err)
         # else: the reaper or a cancel already moved it on; nothing to record.
         release_gpus(s, job_id)
-        s.flush()
-        hooks.on_finished(s, job)
     shutil.rmtree(out_dir, ignore_errors=True)
 
 
@@ -196,6 +192,5 @@ def run_job(job_id: str, node: str) -> str:
                     transition(s, job, S.failed, error={"code": "worker_error",
                                                         "message": f"{type(e).__name__}: {e}"})
                 release_gpus(s, job_id)
-                hooks.on_finished(s, job)
-    nudge()
+    # No explicit nudge: the final transition wakes the scheduler (app/wiring.py).
     return "done"

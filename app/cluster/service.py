@@ -11,6 +11,7 @@ from app.core.auth import Principal
 from app.core.config import get_settings
 from app.core.db import utcnow
 from app.core.errors import Forbidden, NotFound
+from app.jobs.lifecycle import queue_changed
 from app.models import Gpu, Job, Node, User
 
 
@@ -63,9 +64,7 @@ def set_drain(session: Session, user: Principal, name: str, draining: bool) -> N
         raise NotFound(f"node {name} not found", param="name")
     node.draining = draining
     if not draining:
-        from app.jobs.service import nudge_after_commit
-
-        nudge_after_commit(session)  # its GPUs are usable again
+        queue_changed(session)  # its GPUs are usable again
     return node
 
 

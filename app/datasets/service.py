@@ -16,6 +16,7 @@ from app.core.config import get_settings
 from app.core.errors import Conflict, Forbidden, Invalid, NotFound, TooLarge
 from app.core.ids import new_id
 from app.core.paths import resolve_inside
+from app.jobs.lifecycle import StatusChanged
 from app.jobs.schemas import JobCreate, JobType
 from app.jobs.service import create_job
 from app.jobs.states import TERMINAL
@@ -108,7 +109,11 @@ def mix(session: Session, user: Principal, body) -> Dataset:
     return ds
 
 
-def on_ingest_finished(session: Session, job: Job) -> None:
+def on_job_status(session: Session, ev: StatusChanged) -> None:
+    """Subscriber (app/wiring.py): the dataset row follows its ingest or mix job."""
+    job = ev.job
+    if job.type not in ("ingest", "mix"):
+        return
     ds = session.scalar(select(Dataset).where(Dataset.job_id == job.id))
     if ds is None:
         return

@@ -8,14 +8,16 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
-from app.core.db import after_commit, utcnow
+from app.core.config import get_settings
+from app.core.db import utcnow
 from app.core.errors import Conflict, Forbidden, Invalid, NotFound
 from app.core.ids import new_id
 from app.core.pagination import Page, paginate
 from app.jobs import catalog
+from app.jobs.lifecycle import announce, queue_changed
 from app.jobs.schemas import JobCreate
 from app.jobs.states import TERMINAL, IllegalTransition, JobStatus, check
-from app.models import Artifact, Dataset, Gpu, Job, JobEvent, Target, User
+from app.models import Artifact, Dataset, Gpu, GpuLease, Job, JobEvent, Target, User
 
 S = JobStatus
 
@@ -28,7 +30,10 @@ def add_event(session: Session, job_id: str, kind: str, data: dict) -> None:
 
 def transition(session: Session, job: Job, new: S, *, reason: str | None = None,
                **fields: Any) -> None:
-    """Move `job` to `new` (checked), set fields, and record a status event."""
+    """Move `job` to `new` (checked), set fields, record a status event, and announce the
+    change (app/jobs/lifecycle.py): the only way a job's status changes, besides
+    `cas_status` and the scheduler's bulk dispatch (queued -> dispatched, which only the
+    scheduler itself cares about)."""
     try:
         check(job.status, new)
     except IllegalTransition as e:
@@ -49,6 +54,7 @@ def transition(session: Session, job: Job, new: S, *, reason: str | None = None,
     if reason:
         data["reason"] = reason
     add_event(session, job.id, "status", data)
+    announce(session, job, old, new.value)
 
 
 def cas_status(session: Session, job_id: str, old: S, new: S, **fields: Any) -> bool:
@@ -60,6 +66,9 @@ def cas_status(session: Session, job_id: str, old: S, new: S, **fields: Any) -> 
     if res.rowcount != 1:
         return False
     add_event(session, job_id, "status", {"from": old.value, "to": new.value})
+    job = session.get(Job, job_id)  # the ORM update above synchronised it if it was loaded
+    if job is not None:
+        announce(session, job, old.value, new.value)
     return True
 
 
@@ -131,8 +140,6 @@ def check_inputs(session: Session, type_: str, inputs: dict) -> list[str]:
 
 def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: str | None = None,
                run_stage: str | None = None, validate_params=None) -> Job:
-    from app.core.config import get_settings
-
     if body.priority > 80 and not user.is_admin:
         raise Forbidden("priority above 80 is for admins", param="priority", code="priority_admin_only")
     if validate_params is not None:
@@ -145,18 +152,11 @@ def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: st
     session.add(job)
     session.flush()
     add_event(session, job.id, "status", {"from": None, "to": S.pending.value})
-    if not deps:
+    if deps:
+        queue_changed(session)  # its inputs may be done already: a pass promotes it
+    else:
         transition(session, job, S.queued)
-    nudge_after_commit(session)
     return job
-
-
-def nudge_after_commit(session: Session) -> None:
-    from app.scheduler.nudge import nudge
-
-    if not session.info.get("_nudge_registered"):
-        session.info["_nudge_registered"] = True
-        after_commit(session, nudge)
 
 
 # ---- reads ------------------------------------------------------------------------------
@@ -232,10 +232,10 @@ def cancel_job(session: Session, user: Principal, job: Job, *, check_owner: bool
         transition(session, job, S.cancelling, reason=f"cancelled by {user.name}")
     else:
         # pending/queued/dispatched: nothing runs yet; a dispatched task finds nothing to claim.
+        # GPUs first: the end-of-job subscribers (scheduler) see them free.
+        release_gpus(session, job.id)
         transition(session, job, S.cancelled, reason=f"cancelled by {user.name}",
                    error={"code": "cancelled", "message": f"cancelled by {user.name}"})
-        release_gpus(session, job.id)
-        nudge_after_commit(session)
     return job
 
 
@@ -249,13 +249,11 @@ def retry_job(session: Session, user: Principal, job: Job) -> Job:
                attempt=job.attempt + 1, error=None, finished_at=None, started_at=None,
                progress=None, node=None, queued_at=None, heartbeat_at=None)
     job.max_attempts = max(job.max_attempts, job.attempt + 1)
-    nudge_after_commit(session)
+    queue_changed(session)  # back to pending: a pass re-checks its inputs
     return job
 
 
 def release_gpus(session: Session, job_id: str) -> None:
-    from app.models import GpuLease
-
     now = utcnow()
     session.execute(update(Gpu).where(Gpu.job_id == job_id).values(job_id=None))
     session.execute(update(GpuLease).where(GpuLease.job_id == job_id, GpuLease.end_at.is_(None))
@@ -267,7 +265,7 @@ def set_priority(session: Session, user: Principal, job: Job, priority: int) -> 
         raise Forbidden("changing priority is an admin action", code="admin_only")
     job.priority = priority
     add_event(session, job.id, "status", {"priority": priority, "by": user.name})
-    nudge_after_commit(session)
+    queue_changed(session)
     return job
 
 
@@ -278,5 +276,5 @@ def set_hold(session: Session, user: Principal, job: Job, held: bool) -> Job:
                        code="not_waiting")
     job.held = held
     add_event(session, job.id, "status", {"held": held, "by": user.name})
-    nudge_after_commit(session)
+    queue_changed(session)
     return job

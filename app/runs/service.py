@@ -13,6 +13,7 @@ from app.core.db import utcnow
 from app.core.errors import Conflict, Forbidden, Invalid, NotFound
 from app.core.ids import new_id
 from app.jobs import service as jobs
+from app.jobs.lifecycle import StatusChanged
 from app.jobs.params import validate_params
 from app.jobs.render import jobs_read
 from app.jobs.schemas import JobCreate, JobType
@@ -145,6 +146,12 @@ def refresh_run(session: Session, run_id: str) -> Run | None:
         art = session.get(Artifact, ev.outputs[0])
         run.report = {"artifact_id": art.id if art else None, **(ev.metrics_summary or {})}
     return run
+
+
+def on_job_status(session: Session, ev: StatusChanged) -> None:
+    """Subscriber (app/wiring.py): a run's status follows its stage jobs."""
+    if ev.job.run_id:
+        refresh_run(session, ev.job.run_id)
 
 
 def get_run(session: Session, run_id: str) -> Run:

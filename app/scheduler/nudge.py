@@ -6,8 +6,10 @@ import logging
 import threading
 
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 
-from app.core.db import unit_of_work
+from app.core.db import after_commit, unit_of_work
+from app.scheduler.service import schedule_once
 
 log = logging.getLogger("draftyard.scheduler")
 
@@ -25,8 +27,6 @@ def nudge(with_reasons: bool = False) -> None:
     coalesced): rewriting the positions of the first 1000 waiting jobs on every submit would
     cost more than the decision itself."""
     global _waiter
-    from app.scheduler.service import schedule_once
-
     me = object()
 
     def _stop_waiting() -> None:  # lock held: from here a new commit may be missed
@@ -53,3 +53,10 @@ def nudge(with_reasons: bool = False) -> None:
                 return
     finally:
         _stop_waiting()
+
+
+def nudge_after_commit(session: Session) -> None:
+    """One pass once this transaction commits, however many changes asked for it."""
+    if not session.info.get("_nudge_registered"):
+        session.info["_nudge_registered"] = True
+        after_commit(session, nudge)

@@ -64,12 +64,6 @@ def reap(session: Session) -> list[str]:
                 "code": "worker_lost",
                 "message": f"the worker running this job ({where}) stopped heartbeating; "
                            f"gave up after {job.attempt} attempts"})
-    if stale:
-        from app.jobs import hooks
-
-        for job in stale:
-            if job.status in (S.failed.value, S.cancelled.value):
-                hooks.on_finished(session, job)
     return [j.id for j in stale]
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from app.core.broker import send_run_job
 from app.core.config import get_settings
 from app.core.db import after_commit, is_sqlite, utcnow
-from app.jobs import catalog, hooks
+from app.jobs import catalog
 from app.jobs.inputs import Unresolved, fingerprint, resolve
 from app.jobs.service import add_event, transition
 from app.jobs.states import JobStatus as S
@@ -28,6 +28,8 @@ from app.scheduler.reads import (GPUS, HELD, ID, NEEDS_FP, OWNER, PRIO, QAT, POS
                                  waiting_rows)
 
 log = logging.getLogger("draftyard.scheduler")
+# session.info flag of a scheduling pass: its own status changes need no further nudge.
+SCHEDULING = "draftyard_scheduling"
 LOCK_KEY = 7_100_427  # pg_advisory_xact_lock key of the scheduler
 REASONS_TOP = 1000  # waiting jobs that get a queue_position and pending_reason
 
@@ -98,9 +100,6 @@ def _reuse(session: Session, queued: list[Job]) -> None:
                    metrics_summary=dict(prev.metrics_summary or {}),
                    progress={"stage": "reused", "done": 1, "total": 1, "unit": "job"})
         add_event(session, j.id, "log", {"message": f"reused the outputs of {prev.id}"})
-        # A final state like any other: its dataset becomes ready, its run moves on.
-        session.flush()
-        hooks.on_finished(session, j)
 
 
 def _promote_and_reuse(session: Session, ids: list[str]) -> bool:
@@ -125,6 +124,7 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
     `with_reasons`: also refresh `queue_position`/`pending_reason` of the first
     REASONS_TOP waiting jobs (only rows whose value changed are written).
     `on_locked`: called once the scheduler lock is held, before anything is read."""
+    session.info[SCHEDULING] = True
     lock(session)
     if on_locked is not None:
         on_locked()

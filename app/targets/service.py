@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jinja2 import TemplateSyntaxError
+from jinja2 import TemplateSyntaxError, nodes
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from sqlalchemy.orm import Session
 
@@ -17,10 +18,25 @@ from app.core.paths import resolve_inside
 from app.models import Target
 
 
+class GenerationTag(Extension):
+    """`{% generation %}...{% endgeneration %}`, the tag transformers' AssistantTracker adds
+    to its template environment (TRL's `*_training.jinja` templates use it to mark what is
+    trained). Here it only has to compile: the body renders as is. The tracking version,
+    which records the blocks' spans for the loss mask, is the prepare stage's
+    (workers/stages/prepare/templates.py); app/ may not import the stages."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body).set_lineno(lineno)
+
+
 def check_template(text: str, param: str = "chat_template") -> None:
     """Compile a chat template the way transformers does; a syntax error is a 422 with its line."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+                                        extensions=["jinja2.ext.loopcontrols", GenerationTag])
     try:
         env.parse(text)
     except TemplateSyntaxError as e:

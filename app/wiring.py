@@ -1,0 +1,32 @@
+"""The one place that connects job lifecycle events to the domains that react to them.
+
+Called by the app factory (`app.main.create_app`) and by the worker (`workers.celery_app`),
+so that every process which changes a job's status runs the same consequences. The domains
+never import each other for this: jobs announce, the rest subscribe (STYLE.md 14)."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from app.datasets.service import on_job_status as dataset_follows_job
+from app.jobs.lifecycle import StatusChanged, subscribe, subscribe_wake
+from app.jobs.states import TERMINAL, JobStatus
+from app.runs.service import on_job_status as run_follows_job
+from app.scheduler.nudge import nudge_after_commit
+from app.scheduler.service import SCHEDULING
+
+
+def _wake_scheduler(session: Session, ev: StatusChanged) -> None:
+    """A job became queued (more work) or ended (GPUs free, dependants may start): one
+    scheduling pass after commit. A scheduling pass's own changes need none: it is the pass."""
+    if session.info.get(SCHEDULING):
+        return
+    if ev.new == JobStatus.queued or JobStatus(ev.new) in TERMINAL:
+        nudge_after_commit(session)
+
+
+def wire() -> None:
+    subscribe(dataset_follows_job)
+    subscribe(run_follows_job)
+    subscribe(_wake_scheduler)
+    subscribe_wake(nudge_after_commit)

@@ -1,0 +1,63 @@
+"""Job lifecycle in-process, on the rolled-back DB fixture: every status change is announced by
+`transition()` and its subscribers (app/wiring.py) follow it, whatever the call site."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.core.ids import new_id
+from app.datasets.service import get_dataset
+from app.jobs import lifecycle
+from app.jobs.schemas import JobCreate, JobType
+from app.jobs.service import cancel_job, create_job, get_job, retry_job
+from app.models import Dataset, Run, Target
+from app.runs.service import get_run
+
+
+
+
+def _ingesting(db, user) -> Dataset:
+    ds = Dataset(id=new_id("ds"), name="d", owner_id=user.id, status="ingesting", source={})
+    db.add(ds)
+    db.flush()
+    job = create_job(db, user, JobCreate(type=JobType.ingest, name="ingest d",
+                                         inputs={"source": {"path": "/nowhere", "name": "d"}},
+                                         params={"format": "auto"}))
+    ds.job_id = job.id
+    db.flush()
+    return ds
+
+
+def test_cancelling_a_queued_ingest_fails_its_dataset_and_retry_reopens_it(db, user):
+    ds = _ingesting(db, user)
+    job = get_job(db, ds.job_id)
+    assert job.status == "queued"
+    cancel_job(db, user, job)
+    db.flush()
+    d = get_dataset(db, ds.id)
+    assert d.status == "failed" and d.error["code"] == "cancelled"
+    retry_job(db, user, job)
+    assert get_dataset(db, ds.id).status == "ingesting"
+
+
+def test_cancelling_a_runs_stage_job_moves_the_run(db, user):
+    """A stage cancelled through POST /v1/jobs/{id}/cancel (not the run's cancel)."""
+    tgt = Target(id=new_id("tgt"), name="t", owner_id=user.id, path="/m", tokenizer_path="/m")
+    db.add(tgt)
+    run = Run(id=new_id("run"), name="r", owner_id=user.id, spec={}, status="pending")
+    db.add(run)
+    db.flush()
+    first = create_job(db, user, JobCreate(type=JobType.probe, name="r: a"), run_id=run.id,
+                       run_stage="prepare")
+    cancel_job(db, user, first)
+    db.flush()
+    r = get_run(db, run.id)
+    assert r.status == "cancelled" and r.finished_at is not None
+
+
+def test_a_status_change_in_an_unwired_process_is_refused(db, user, monkeypatch):
+    """Hooks that silently do not run were the bug: a process that forgot app.wiring.wire()
+    must fail loudly instead."""
+    monkeypatch.setattr(lifecycle, "_listeners", [])
+    with pytest.raises(RuntimeError, match="not wired"):
+        create_job(db, user, JobCreate(type=JobType.probe, name="x"))
