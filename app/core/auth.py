@@ -107,7 +107,7 @@ async def current_user(request: Request) -> Principal:
 
 
 def _lookup_in_db(secret: str) -> Principal | None:
-    with unit_of_work() as s:
+    with unit_of_work(read_only=True) as s:
         return lookup(s, secret)
 
 

@@ -8,11 +8,18 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import lru_cache
 
+import logging
+
+from fastapi import Request
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.config import get_settings
+
+log = logging.getLogger("draftyard")
+# Execution option of read-only sessions (`unit_of_work(read_only=True)`, GET requests).
+READ_ONLY = "draftyard_read_only"
 
 
 def utcnow() -> datetime:
@@ -36,10 +43,14 @@ def make_engine(url: str) -> Engine:
         event.listen(eng, "connect", _sqlite_pragmas)
 
         @event.listens_for(eng, "begin")
-        def _begin_immediate(conn):  # noqa: ANN001
-            # Take the write lock at BEGIN so read-then-write transactions (the scheduler,
-            # compare-and-set claims) serialise instead of failing on upgrade.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        def _begin(conn):  # noqa: ANN001
+            # A transaction that may write takes the write lock at BEGIN, so read-then-write
+            # transactions (the scheduler, compare-and-set claims) serialise instead of
+            # failing on upgrade. A read-only one must not: with WAL it reads a snapshot
+            # beside the writer, where BEGIN IMMEDIATE would queue every GET behind the
+            # write lock (issue #14).
+            read_only = conn.get_execution_options().get(READ_ONLY)
+            conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         @event.listens_for(eng, "connect")
         def _no_pysqlite_begin(dbapi_conn, _rec):  # noqa: ANN001
@@ -55,8 +66,9 @@ def get_engine() -> Engine:
 
 
 @lru_cache
-def get_sessionmaker() -> sessionmaker:
-    return sessionmaker(bind=get_engine(), expire_on_commit=False)
+def get_sessionmaker(read_only: bool = False) -> sessionmaker:
+    bind = get_engine().execution_options(**{READ_ONLY: True}) if read_only else get_engine()
+    return sessionmaker(bind=bind, expire_on_commit=False)
 
 
 def is_sqlite(session: Session) -> bool:
@@ -74,15 +86,14 @@ def _run_after_commit(session: Session) -> None:
         try:
             fn()
         except Exception:  # noqa: BLE001  a lost nudge is recovered by the periodic tick
-            import logging
-
-            logging.getLogger("draftyard").exception("after-commit hook failed")
+            log.exception("after-commit hook failed")
 
 
 @contextmanager
-def unit_of_work() -> Iterator[Session]:
-    """A transaction scope for tasks and scripts: commit on success, roll back on error."""
-    s = get_sessionmaker()()
+def unit_of_work(read_only: bool = False) -> Iterator[Session]:
+    """A transaction scope for tasks and scripts: commit on success, roll back on error.
+    `read_only`: the scope only reads (in embedded mode it does not wait for the writer)."""
+    s = get_sessionmaker(read_only)()
     try:
         yield s
         s.commit()
@@ -95,7 +106,11 @@ def unit_of_work() -> Iterator[Session]:
     _run_after_commit(s)
 
 
-def request_session() -> Iterator[Session]:
+# Methods that never write: their requests read beside the writer instead of queueing on it.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def request_session(request: Request) -> Iterator[Session]:
     """FastAPI dependency (scope="function" so the commit lands before the response)."""
-    with unit_of_work() as s:
+    with unit_of_work(read_only=request.method in SAFE_METHODS) as s:
         yield s

@@ -13,11 +13,34 @@ from fastapi.responses import ORJSONResponse
 from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
-from app.core.db import utcnow
+from app.core.db import unit_of_work, utcnow
 from app.core.errors import Conflict
 from app.models import IdempotencyKey
 
 TTL = timedelta(hours=24)
+
+
+def replay(user: Principal, key: str, body: object) -> ORJSONResponse | None:
+    """The stored answer of (user, key), checked in a short read-only transaction of its own:
+    lets a slow handler (POST /v1/runs runs the plan first) answer a replay without redoing
+    its work. `idempotent()` checks again inside the request's transaction."""
+    with unit_of_work(read_only=True) as session:
+        row = session.get(IdempotencyKey, (user.id, key[:200]))
+        if row is None or _expired(row):
+            return None
+        if row.request_hash != _digest(body):
+            raise Conflict("this Idempotency-Key was used with a different request body",
+                           code="idempotency_key_reused", param="Idempotency-Key")
+        return ORJSONResponse(row.body, status_code=row.status_code,
+                              headers={"Idempotent-Replayed": "true"})
+
+
+def _digest(body: object) -> str:
+    return hashlib.sha256(orjson.dumps(jsonable_encoder(body), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _expired(row: IdempotencyKey) -> bool:
+    return row.created_at.replace(tzinfo=row.created_at.tzinfo or utcnow().tzinfo) < utcnow() - TTL
 
 
 def idempotent(session: Session, user: Principal, key: str | None, body: object,
@@ -25,9 +48,9 @@ def idempotent(session: Session, user: Principal, key: str | None, body: object,
     """Answer with `make()` once per (user, key); replay the stored answer afterwards."""
     if not key:
         return ORJSONResponse(jsonable_encoder(make()), status_code=status_code)
-    digest = hashlib.sha256(orjson.dumps(jsonable_encoder(body), option=orjson.OPT_SORT_KEYS)).hexdigest()
+    digest = _digest(body)
     row = session.get(IdempotencyKey, (user.id, key[:200]))
-    if row is not None and row.created_at.replace(tzinfo=row.created_at.tzinfo or utcnow().tzinfo) < utcnow() - TTL:
+    if row is not None and _expired(row):
         session.delete(row)
         session.flush()
         row = None

@@ -13,7 +13,7 @@ GPUS = Gauge("draftyard_gpus", "GPUs by state", ["state"])
 
 
 def refresh() -> None:
-    with unit_of_work() as s:
+    with unit_of_work(read_only=True) as s:
         counts = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
         for st in ("pending", "queued", "dispatched", "running", "cancelling", "succeeded",
                    "failed", "cancelled"):

@@ -46,7 +46,7 @@ async def follow(job_id: str, tail: int | None, request):
             continue
 
         def finished() -> bool:
-            with unit_of_work() as s:
+            with unit_of_work(read_only=True) as s:
                 j = s.get(Job, job_id)
                 return j is None or j.status in TERMINAL
         if await asyncio.to_thread(finished):

@@ -47,7 +47,7 @@ async def get_job(job_id: str, user: Principal = Depends(current_user)):
     # The route every client polls: one hop to the thread pool for the whole read (a sync
     # route with a sync session dependency costs several hops per request).
     def read() -> dict:
-        with unit_of_work() as s:
+        with unit_of_work(read_only=True) as s:
             return jobs_read(s, [service.get_job(s, job_id)])[0]
     return ORJSONResponse(await run_in_threadpool(read), headers={"Cache-Control": "no-store"})
 
@@ -103,7 +103,7 @@ async def _stream_events(job_id: str, after: int, request: Request):
 
     while True:
         def poll():
-            with unit_of_work() as s:
+            with unit_of_work(read_only=True) as s:
                 evs = service.events(s, job_id, after, 500)
                 done = service.get_job(s, job_id).status in TERMINAL
                 return [_event_dict(e) for e in evs], done

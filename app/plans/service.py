@@ -14,29 +14,38 @@ import sys
 import uuid
 from pathlib import Path
 
-from sqlalchemy.orm import Session
-
 from app.core.config import get_settings
+from app.core.db import unit_of_work
 from app.core.errors import Invalid, Unavailable
 from app.jobs.inputs import Unresolved, resolve_ref, target_dict
 from app.models import Target
+from contracts.run import RunSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_plan(session: Session, body, free_bytes_override: int | None = None) -> dict:
+def _plan_inputs(body: RunSpec) -> tuple[dict, dict | None]:
+    """The target and dataset as the plan stage reads them, in a short read-only transaction
+    of its own: the plan then runs for up to 120 s holding no transaction (in embedded mode
+    a request's transaction would hold SQLite's write lock all that time, issue #14)."""
+    with unit_of_work(read_only=True) as session:
+        t = session.get(Target, body.target_id)
+        if t is None:
+            raise Invalid(f"target_id: {body.target_id} not found", param="target_id",
+                          code="unknown_input")
+        try:
+            dataset = resolve_ref(session, body.dataset_id, ("dataset",))
+        except Unresolved:
+            dataset = None
+        return target_dict(t), dataset
+
+
+def make_plan(body: RunSpec, free_bytes_override: int | None = None) -> dict:
     s = get_settings()
-    t = session.get(Target, body.target_id)
-    if t is None:
-        raise Invalid(f"target_id: {body.target_id} not found", param="target_id",
-                      code="unknown_input")
-    try:
-        dataset = resolve_ref(session, body.dataset_id, ("dataset",))
-    except Unresolved:
-        dataset = None
+    target, dataset = _plan_inputs(body)
     work = s.home / "plans" / uuid.uuid4().hex[:12]
     work.mkdir(parents=True, exist_ok=True)
-    spec = {"type": "plan", "inputs": {"target": target_dict(t), "dataset": dataset},
+    spec = {"type": "plan", "inputs": {"target": target, "dataset": dataset},
             "params": {"run": body.model_dump(mode="json"), "sample": body.plan_sample,
                        "disk_path": str(s.artifacts_dir),
                        "free_bytes_override": free_bytes_override},
@@ -67,9 +76,9 @@ def make_plan(session: Session, body, free_bytes_override: int | None = None) ->
         shutil.rmtree(work, ignore_errors=True)
 
 
-def plan_or_refuse(session: Session, body) -> dict:
+def plan_or_refuse(body: RunSpec) -> dict:
     """The plan of a run; a plan with errors refuses the run (422) unless `force_plan`."""
-    plan = make_plan(session, body)
+    plan = make_plan(body)
     if not plan["ok"] and not body.force_plan:
         bad = [c for c in plan["checks"] if not c["ok"]]
         raise Invalid("the run's plan has errors: " + "; ".join(c["message"] for c in bad) +

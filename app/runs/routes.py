@@ -6,9 +6,10 @@ from sqlalchemy.orm import Session
 
 from app.core.auth import Principal, current_user
 from app.core.db import request_session
-from app.core.idempotency import idempotent
+from app.core.idempotency import idempotent, replay
 from app.core.pagination import Page, list_body, page_params, paginate
 from app.models import Run
+from app.plans.service import plan_or_refuse
 from app.runs import service
 from app.runs.schemas import RunCreate
 
@@ -19,17 +20,21 @@ DB = Depends(request_session, scope="function")
 @router.post("", status_code=201)
 def create_run(body: RunCreate, user: Principal = Depends(current_user), session: Session = DB,
                idempotency_key: str | None = Header(None)):
-    def make():
-        from app.plans.service import plan_or_refuse
+    request = body.model_dump(mode="json")
+    if idempotency_key and (done := replay(user, idempotency_key, request)) is not None:
+        return done  # answered before: neither the plan nor the run again
+    chain = service.check_params(body)
+    # Before the request's transaction begins (the session opens it on first use): the plan
+    # takes seconds and reads in its own short transaction.
+    plan = plan_or_refuse(body)
 
-        service.check_params(body)
-        plan = plan_or_refuse(session, body)
-        run = service.create_run(session, user, body)
+    def make():
+        run = service.create_run(session, user, body, chain)
         session.flush()
         out = service.run_read(session, run)
         out["plan"] = plan
         return out
-    return idempotent(session, user, idempotency_key, body.model_dump(mode="json"), make)
+    return idempotent(session, user, idempotency_key, request, make)
 
 
 @router.get("")

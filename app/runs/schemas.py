@@ -1,41 +1,10 @@
-"""Run submission (API.md "Runs")."""
+"""Run submission (API.md "Runs"). The body is `contracts.run.RunSpec`: the plan stage reads
+and expands the same model, so both see the same jobs."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from contracts.run import DrafterSpec, RunSpec, Stages
 
-from pydantic import BaseModel, ConfigDict, Field
+RunCreate = RunSpec
 
-
-class DrafterSpec(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: Literal["dflash", "eagle3"]
-    num_layers: int | None = Field(None, ge=1, le=64)
-    block_size: int | None = Field(None, ge=2, le=64)
-    draft_vocab_size: int | None = Field(None, ge=16)
-    target_layer_ids: list[int] | None = None
-
-
-class Stages(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    generate: dict[str, Any] | None = None
-    prepare: dict[str, Any] = Field(default_factory=dict)
-    extract: dict[str, Any] | None = Field(default_factory=dict)
-    train: dict[str, Any] = Field(default_factory=dict)
-    evaluate: dict[str, Any] | None = Field(default_factory=dict)
-
-
-class RunCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=200)
-    target_id: str
-    dataset_id: str
-    drafter: DrafterSpec
-    stages: Stages = Field(default_factory=Stages)
-    mode: Literal["offline", "online"] = "offline"
-    chat_template_kwargs: dict[str, Any] | None = None
-    priority: int = Field(50, ge=0, le=100)
-    force: bool = False
-    # Start even when the plan finds errors (the records that fail are rejected and counted).
-    force_plan: bool = False
-    plan_sample: int = Field(200, ge=1, le=100_000)
+__all__ = ["DrafterSpec", "RunCreate", "Stages"]

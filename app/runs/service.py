@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -18,72 +16,30 @@ from app.jobs.params import validate_params
 from app.jobs.render import jobs_read
 from app.jobs.schemas import JobCreate, JobType
 from app.models import Artifact, Dataset, Job, Run, Target
-
-STAGE_ORDER = ("generate", "prepare", "extract", "train", "evaluate")
-
-
-def _kwargs_of(stage: dict | None) -> dict:
-    return dict((stage or {}).get("chat_template_kwargs") or {})
+from contracts.run import STAGE_ORDER, RunSpec, RunSpecError, StageJob
 
 
-def build_chain(body) -> list[tuple[str, dict, dict, int]]:
-    """(stage, inputs, params, gpus) in order; inputs name earlier stages as `@stage`."""
-    st = body.stages
-    drafter = body.drafter.model_dump(exclude_none=True)
-    chain: list[tuple[str, dict, dict, int]] = []
-    data_ref: Any = body.dataset_id
-    # One thinking mode for the whole run unless a stage says otherwise: generate, prepare
-    # and evaluate must agree (FIELD-NOTES: mismatched thinking mode collapses acceptance).
-    kw = body.chat_template_kwargs or {}
-    if st.generate is not None:
-        p = {**st.generate}
-        p["chat_template_kwargs"] = {**kw, **_kwargs_of(st.generate)}
-        chain.append(("generate", {"dataset": data_ref, "target": body.target_id}, p,
-                      int(p.pop("gpus", 0) or 0)))
-        data_ref = "@generate"
-    p = {**(st.prepare or {})}
-    p["chat_template_kwargs"] = {**kw, **_kwargs_of(st.prepare)}
-    if body.drafter.draft_vocab_size and "draft_vocab_size" not in p:
-        p["draft_vocab_size"] = body.drafter.draft_vocab_size
-    chain.append(("prepare", {"dataset": data_ref, "target": body.target_id}, p,
-                  int(p.pop("gpus", 0) or 0)))
-    if body.mode == "offline":
-        p = {**(st.extract or {})}
-        p.setdefault("drafter_type", body.drafter.type)
-        if body.drafter.target_layer_ids and "layer_ids" not in p:
-            p["layer_ids"] = body.drafter.target_layer_ids
-        chain.append(("extract", {"tokenized": "@prepare", "target": body.target_id}, p,
-                      int(p.pop("gpus", 0) or 0)))
-    p = {**(st.train or {})}
-    p["mode"] = body.mode
-    p["drafter"] = {**drafter, **(p.get("drafter") or {})}
-    tin = {"tokenized": "@prepare", "target": body.target_id}
-    if body.mode == "offline":
-        tin["hidden_states"] = "@extract"
-    chain.append(("train", tin, p, int(p.pop("gpus", 0) or 0)))
-    if st.evaluate is not None:
-        p = {**st.evaluate}
-        p["chat_template_kwargs"] = {**kw, **_kwargs_of(st.evaluate)}
-        ein = {"target": body.target_id, "drafter": "@train",
-               "data": p.pop("data", None) or "@prepare"}
-        chain.append(("evaluate", ein, p, int(p.pop("gpus", 0) or 0)))
+def check_params(body: RunSpec) -> list[StageJob]:
+    """The run's jobs (the one expansion, contracts/run.py), every stage's params valid (422
+    naming the first bad field, as the run spells it: stages.<stage>.<field>), in
+    microseconds: done before the plan, which takes seconds."""
+    try:
+        chain = body.expand()
+    except RunSpecError as e:
+        raise Invalid(e.message, param=e.param, code="invalid_run") from None
+    for job in chain:
+        try:
+            validate_params(job.stage, job.params)
+        except Invalid as e:
+            where = (e.param or "params").removeprefix("params")
+            raise Invalid(f"stages.{job.stage}: {e.message}", param=f"stages.{job.stage}{where}",
+                          code=e.code, details=e.details) from None
     return chain
 
 
-def check_params(body) -> None:
-    """Every stage's params valid (422 naming the first bad field), in microseconds: done
-    before the plan, which takes seconds."""
-    for stage, _inputs, params, _gpus in build_chain(body):
-        try:
-            validate_params(stage, params)
-        except Invalid as e:  # named as the run spells it: stages.<stage>.<field>
-            where = (e.param or "params").removeprefix("params")
-            raise Invalid(f"stages.{stage}: {e.message}", param=f"stages.{stage}{where}",
-                          code=e.code, details=e.details) from None
-
-
-def create_run(session: Session, user: Principal, body) -> Run:
-    """The run and its chain of jobs; `check_params(body)` first (the route does)."""
+def create_run(session: Session, user: Principal, body: RunSpec,
+               chain: list[StageJob]) -> Run:
+    """The run and its chain of jobs, `chain` as `check_params(body)` returned it."""
     if session.get(Target, body.target_id) is None:
         raise Invalid(f"target_id: {body.target_id} not found", param="target_id",
                       code="unknown_input")
@@ -99,14 +55,14 @@ def create_run(session: Session, user: Principal, body) -> Run:
     session.add(run)
     session.flush()
     made: dict[str, str] = {}
-    for stage, inputs, params, gpus in build_chain(body):
+    for sj in chain:
         resolved = {k: ({"job": made[v[1:]]} if isinstance(v, str) and v.startswith("@") else v)
-                    for k, v in inputs.items()}
+                    for k, v in sj.inputs.items()}
         job = jobs.create_job(session, user, JobCreate(
-            type=JobType(stage), name=f"{body.name}: {stage}", priority=body.priority,
-            gpus=gpus, inputs=resolved, params=params, force=body.force),
-            run_id=run.id, run_stage=stage, validate_params=validate_params)
-        made[stage] = job.id
+            type=JobType(sj.stage), name=f"{body.name}: {sj.stage}", priority=body.priority,
+            gpus=sj.gpus, inputs=resolved, params=sj.params, force=body.force),
+            run_id=run.id, run_stage=sj.stage, validate_params=validate_params)
+        made[sj.stage] = job.id
     return run
 
 

@@ -104,6 +104,35 @@ def test_plan_checks_layers_disk_and_thinking(api, worker, target, home):
     assert checks["records_render"]["ok"]
 
 
+def test_the_plan_of_a_run_holds_no_db_transaction(api, worker, target, home):
+    """POST /v1/runs runs the plan (seconds, up to 120) before its transaction begins: no
+    connection of the API sits idle in a transaction meanwhile (in embedded mode that
+    transaction held SQLite's write lock for the whole plan, issue #14)."""
+    import threading
+
+    from sqlalchemy import text
+
+    from app.core.db import unit_of_work
+
+    ds = _dataset(api, home, "plan-tx", _records(12))
+    body = _body(target, ds)
+    body["drafter"]["target_layer_ids"] = [1, 42]  # the plan fails: no job runs after it
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(api.post("/v1/runs", body, timeout=180)))
+    t.start()
+    held = 0
+    while t.is_alive():
+        with unit_of_work(read_only=True) as s:
+            held = max(held, s.scalar(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state = 'idle in transaction' "
+                "AND now() - state_change > interval '500 milliseconds'")))
+        time.sleep(0.1)
+    t.join()
+    assert out[0].status_code == 422 and out[0].json()["error"]["code"] == "plan_failed"
+    assert held == 0
+
+
 def test_run_with_bad_stage_params_is_422_naming_the_stage_field(api, worker, target, home):
     ds = _dataset(api, home, "bad-params", _records(4))
     runs_before = api.get("/v1/runs").json()["data"]

@@ -18,8 +18,18 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
+from contracts.run import RunSpec, RunSpecError
 from workers.stages.common import StageContext, StageError
+from workers.stages.extract.layers import hidden_size, num_hidden_layers, resolve_layers
+from workers.stages.extract.params import parse_params as extract_p
+from workers.stages.extract.planner import disk_check, estimate_hidden_state_bytes, human_bytes
+from workers.stages.generate.params import parse_params as generate_p
+from workers.stages.prepare import resolve_setup
+from workers.stages.prepare.masks import RecordRejected, build_masker
+from workers.stages.prepare.params import parse_params as prepare_p
+from workers.stages.train.params import parse_params as train_p
 from workers.stages.records import count_records, iter_records
 
 # Stands in for the target's answer when the run regenerates answers: the dry run checks that
@@ -44,37 +54,30 @@ class Plan:
         return all(c["ok"] for c in self.checks)
 
 
-def _params(plan: Plan, run: dict) -> dict:
-    """Validate every stage's params with the stage's own parser."""
-    from workers.stages.extract.params import parse_params as extract_p
-    from workers.stages.generate.params import parse_params as generate_p
-    from workers.stages.prepare.params import parse_params as prepare_p
-    from workers.stages.train.params import parse_params as train_p
+def _expand(plan: Plan, run: dict) -> dict[str, dict]:
+    """The run's jobs by stage, as POST /v1/runs will submit them (contracts/run.py: one
+    expansion for both), so the plan checks exactly those params."""
+    try:
+        jobs = RunSpec.model_validate(run).expand()
+    except ValidationError as e:
+        err = e.errors()[0]
+        plan.check("run", False, f"{'.'.join(map(str, err['loc']))}: {err['msg']}")
+        return {}
+    except RunSpecError as e:
+        plan.check("run", False, f"{e.param}: {e.message}")
+        return {}
+    return {j.stage: j.params for j in jobs}
 
-    stages = run.get("stages") or {}
-    kw = run.get("chat_template_kwargs") or {}
+
+def _params(plan: Plan, chain: dict[str, dict]) -> dict:
+    """Validate every job's params with the stage's own parser."""
+    parsers = {"generate": generate_p, "prepare": prepare_p, "extract": extract_p,
+               "train": train_p}
     parsed: dict[str, Any] = {}
-    drafter = {k: v for k, v in (run.get("drafter") or {}).items() if v is not None}
-    todo = {
-        "generate": (generate_p, stages.get("generate")),
-        "prepare": (prepare_p, {**(stages.get("prepare") or {}),
-                                "chat_template_kwargs": {**kw, **((stages.get("prepare") or {})
-                                                                  .get("chat_template_kwargs") or {})}}),
-        "extract": (extract_p, ({**(stages.get("extract") or {}),
-                                 "drafter_type": drafter.get("type", "dflash")}
-                                if run.get("mode", "offline") == "offline"
-                                and stages.get("extract", {}) is not None else None)),
-        "train": (train_p, {**(stages.get("train") or {}), "mode": run.get("mode", "offline"),
-                            "drafter": {**drafter, **((stages.get("train") or {}).get("drafter") or {})}}),
-    }
-    for name, (parse, raw) in todo.items():
-        if raw is None:
+    for name, raw in chain.items():
+        parse = parsers.get(name)
+        if parse is None:
             continue
-        raw = {k: v for k, v in raw.items() if k != "gpus"}
-        if name == "prepare" and drafter.get("draft_vocab_size") and "draft_vocab_size" not in raw:
-            raw["draft_vocab_size"] = drafter["draft_vocab_size"]
-        if name == "extract" and drafter.get("target_layer_ids") and "layer_ids" not in raw:
-            raw["layer_ids"] = drafter["target_layer_ids"]
         try:
             parsed[name] = parse(raw)
             plan.check(f"{name}_params", True, f"{name} params are valid")
@@ -83,15 +86,9 @@ def _params(plan: Plan, run: dict) -> dict:
     return parsed
 
 
-def _thinking(plan: Plan, run: dict) -> None:
-    kw = run.get("chat_template_kwargs") or {}
-    stages = run.get("stages") or {}
-    seen = {}
-    for name in ("generate", "prepare", "evaluate"):
-        st = stages.get(name)
-        if st is None:
-            continue
-        seen[name] = {**kw, **(st.get("chat_template_kwargs") or {})}.get("enable_thinking")
+def _thinking(plan: Plan, chain: dict[str, dict]) -> None:
+    seen = {name: (chain[name].get("chat_template_kwargs") or {}).get("enable_thinking")
+            for name in ("generate", "prepare", "evaluate") if name in chain}
     values = set(map(str, seen.values()))
     plan.check("thinking_mode", len(values) <= 1,
                "thinking mode is the same in " + ", ".join(seen) if len(values) <= 1 else
@@ -100,15 +97,12 @@ def _thinking(plan: Plan, run: dict) -> None:
                " (a mismatch is the best-known cause of collapsed acceptance)")
 
 
-def _layers_and_drafter(plan: Plan, run: dict, target: dict, parsed: dict) -> Any:
-    from workers.stages.extract.layers import hidden_size, num_hidden_layers, resolve_layers
-
+def _layers_and_drafter(plan: Plan, chain: dict[str, dict], target: dict,
+                        parsed: dict) -> Any:
     cfg = target.get("config") or {}
-    drafter = run.get("drafter") or {}
+    drafter = (chain.get("train") or {}).get("drafter") or {}
     try:
-        lp = resolve_layers(cfg, drafter.get("type", "dflash"), drafter.get("target_layer_ids")
-                            or (run.get("stages") or {}).get("extract", {}) and
-                            ((run.get("stages") or {}).get("extract") or {}).get("layer_ids"))
+        lp = resolve_layers(cfg, drafter.get("type", "dflash"), drafter.get("target_layer_ids"))
         plan.check("layer_ids", True, f"layers {list(lp.aux)} + last ({lp.num_target_layers}) "
                    f"exist in the target ({num_hidden_layers(cfg)} layers)")
     except StageError as e:
@@ -125,11 +119,8 @@ def _layers_and_drafter(plan: Plan, run: dict, target: dict, parsed: dict) -> An
     return lp
 
 
-def _records(plan: Plan, dataset: dict | None, target: dict, run: dict, parsed: dict,
-             sample: int, ctx: StageContext) -> list[int]:
-    from workers.stages.prepare import resolve_setup
-    from workers.stages.prepare.masks import RecordRejected, build_masker
-
+def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, dict],
+             parsed: dict, sample: int, ctx: StageContext) -> list[int]:
     if dataset is None:
         plan.warnings.append("the dataset is still being ingested: record checks skipped")
         return []
@@ -143,7 +134,7 @@ def _records(plan: Plan, dataset: dict | None, target: dict, run: dict, parsed: 
         return []
     plan.check("chat_template", True, "the chat template compiles")
     masker = build_masker(tok, text, kwargs, prep.train_on)
-    regen = (run.get("stages") or {}).get("generate") is not None
+    regen = "generate" in chain
     gen_tokens = (parsed["generate"].max_tokens if regen and "generate" in parsed else 0)
     lengths, reasons = [], Counter()
     n = 0
@@ -192,16 +183,13 @@ def _records(plan: Plan, dataset: dict | None, target: dict, run: dict, parsed: 
     return lengths
 
 
-def _disk(plan: Plan, run: dict, lengths: list[int], dataset: dict | None, lp, parsed: dict,
+def _disk(plan: Plan, lengths: list[int], dataset: dict | None, lp, parsed: dict,
           disk_path: str, free_override: int | None) -> None:
-    from workers.stages.extract.planner import disk_check, estimate_hidden_state_bytes, human_bytes
-
     total = count_records(dataset["path"]) if dataset else 0
     tokens = int(np.mean(lengths) * total) if lengths else 0
     plan.estimates["records"] = total
     plan.estimates["tokens"] = tokens
-    offline = run.get("mode", "offline") == "offline" and "extract" in parsed
-    if not offline or lp is None:
+    if "extract" not in parsed or lp is None:  # online: no hidden states stored
         plan.estimates["hidden_state_bytes"] = 0
         return
     need = estimate_hidden_state_bytes(tokens, lp.num_stored, lp.hidden_size,
@@ -221,11 +209,12 @@ def run(spec: dict, ctx: StageContext) -> dict:
     target = spec["inputs"]["target"]
     dataset = spec["inputs"].get("dataset")
     plan = Plan()
-    parsed = _params(plan, run_body)
-    _thinking(plan, run_body)
-    lp = _layers_and_drafter(plan, run_body, target, parsed)
-    lengths = _records(plan, dataset, target, run_body, parsed, int(p.get("sample", 200)), ctx)
-    _disk(plan, run_body, lengths, dataset, lp, parsed, p.get("disk_path") or str(ctx.out_dir),
+    chain = _expand(plan, run_body)
+    parsed = _params(plan, chain)
+    _thinking(plan, chain)
+    lp = _layers_and_drafter(plan, chain, target, parsed)
+    lengths = _records(plan, dataset, target, chain, parsed, int(p.get("sample", 200)), ctx)
+    _disk(plan, lengths, dataset, lp, parsed, p.get("disk_path") or str(ctx.out_dir),
           p.get("free_bytes_override"))
     return {"ok": plan.ok, "checks": plan.checks, "estimates": plan.estimates,
             "warnings": plan.warnings, "failures": plan.failures}

@@ -1,0 +1,141 @@
+"""A run (POST /v1/runs) and its one expansion into stage jobs.
+
+`RunSpec.expand()` is the only place that turns a run into the jobs it submits, with every
+param explicit: the API creates exactly these jobs, checks exactly these params (422 naming
+`stages.<stage>.<field>`), and the plan stage dry-runs exactly these (issue #14: the chain was
+built twice, once here in app/ and once in the plan stage, and the two disagreed on layer ids
+and on offline runs without an extract stage).
+
+What is pinned once, here:
+- the chat-template kwargs (thinking mode): the run's, overlaid by a stage's own, given to
+  generate, prepare and evaluate (FIELD-NOTES: a thinking-mode mismatch collapses acceptance);
+- the target layer ids: `stages.extract.layer_ids` or `drafter.target_layer_ids` (two
+  spellings of one choice; they must agree), given to extract and to train's drafter;
+- the drafter type and draft vocabulary, given to extract and prepare.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+STAGE_ORDER = ("generate", "prepare", "extract", "train", "evaluate")
+
+
+class RunSpecError(ValueError):
+    """The run's stages contradict each other; `param` names the field as the run spells it."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+        self.message = message
+
+
+class DrafterSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["dflash", "eagle3"]
+    num_layers: int | None = Field(None, ge=1, le=64)
+    block_size: int | None = Field(None, ge=2, le=64)
+    draft_vocab_size: int | None = Field(None, ge=16)
+    target_layer_ids: list[int] | None = None
+
+
+class Stages(BaseModel):
+    """Each stage's params (the stage's own contract, checked after expansion). `generate`
+    and `evaluate` null: skipped. `extract` null: only with mode online."""
+
+    model_config = ConfigDict(extra="forbid")
+    generate: dict[str, Any] | None = None
+    prepare: dict[str, Any] = Field(default_factory=dict)
+    extract: dict[str, Any] | None = Field(default_factory=dict)
+    train: dict[str, Any] = Field(default_factory=dict)
+    evaluate: dict[str, Any] | None = Field(default_factory=dict)
+
+
+class StageJob(BaseModel):
+    """One job of a run: `inputs` name earlier stages of the same run as `"@<stage>"`."""
+
+    stage: str
+    inputs: dict[str, Any]
+    params: dict[str, Any]
+    gpus: int = 0
+
+
+class RunSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    target_id: str
+    dataset_id: str
+    drafter: DrafterSpec
+    stages: Stages = Field(default_factory=Stages)
+    mode: Literal["offline", "online"] = "offline"
+    chat_template_kwargs: dict[str, Any] | None = None
+    priority: int = Field(50, ge=0, le=100)
+    force: bool = False
+    # Start even when the plan finds errors (the records that fail are rejected and counted).
+    force_plan: bool = False
+    plan_sample: int = Field(200, ge=1, le=100_000)
+
+    def template_kwargs(self, stage: dict[str, Any] | None) -> dict[str, Any]:
+        """The run's chat-template kwargs overlaid by a stage's own."""
+        return {**(self.chat_template_kwargs or {}),
+                **((stage or {}).get("chat_template_kwargs") or {})}
+
+    def layer_ids(self) -> list[int] | None:
+        """The target's aux layer ids the drafter is trained on; None: the drafter type's
+        defaults (resolved against the target's config by the stages). Three spellings of one
+        choice, which must agree: extract's `layer_ids`, the run's and train's drafter's
+        `target_layer_ids`."""
+        given = {where: ids for where, ids in (
+            ("stages.extract.layer_ids", (self.stages.extract or {}).get("layer_ids")),
+            ("drafter.target_layer_ids", self.drafter.target_layer_ids),
+            ("stages.train.drafter.target_layer_ids",
+             (self.stages.train.get("drafter") or {}).get("target_layer_ids")))
+            if ids is not None}
+        if len({repr(v) for v in given.values()}) > 1:
+            where = list(given)
+            raise RunSpecError(where[0], " and ".join(f"{k} {v}" for k, v in given.items()) +
+                               " disagree; give the layer ids once")
+        return next(iter(given.values()), None)
+
+    def expand(self) -> list[StageJob]:
+        """The jobs of this run, in order, with explicit params."""
+        st = self.stages
+        if self.mode == "offline" and st.extract is None:
+            raise RunSpecError("stages.extract", "an offline run needs the extract stage "
+                               "(stored hidden states); set mode to online to skip it")
+        layers = self.layer_ids()
+        jobs: list[StageJob] = []
+
+        def add(stage: str, inputs: dict[str, Any], params: dict[str, Any]) -> None:
+            gpus = int(params.pop("gpus", 0) or 0)
+            jobs.append(StageJob(stage=stage, inputs=inputs, params=params, gpus=gpus))
+
+        data_ref: str = self.dataset_id
+        if st.generate is not None:
+            add("generate", {"dataset": data_ref, "target": self.target_id},
+                {**st.generate, "chat_template_kwargs": self.template_kwargs(st.generate)})
+            data_ref = "@generate"
+        p = {**st.prepare, "chat_template_kwargs": self.template_kwargs(st.prepare)}
+        if self.drafter.draft_vocab_size and "draft_vocab_size" not in p:
+            p["draft_vocab_size"] = self.drafter.draft_vocab_size
+        add("prepare", {"dataset": data_ref, "target": self.target_id}, p)
+        train_in: dict[str, Any] = {"tokenized": "@prepare", "target": self.target_id}
+        if self.mode == "offline":
+            p = {**(st.extract or {}), "drafter_type": (st.extract or {}).get(
+                "drafter_type", self.drafter.type)}
+            if layers is not None:
+                p["layer_ids"] = layers
+            add("extract", {"tokenized": "@prepare", "target": self.target_id}, p)
+            train_in["hidden_states"] = "@extract"
+        drafter = {**self.drafter.model_dump(exclude_none=True),
+                   **(st.train.get("drafter") or {})}
+        if layers is not None:
+            drafter["target_layer_ids"] = layers
+        add("train", train_in, {**st.train, "mode": self.mode, "drafter": drafter})
+        if st.evaluate is not None:
+            p = {**st.evaluate, "chat_template_kwargs": self.template_kwargs(st.evaluate)}
+            add("evaluate", {"target": self.target_id, "drafter": "@train",
+                             "data": p.pop("data", None) or "@prepare"}, p)
+        return jobs

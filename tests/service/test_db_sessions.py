@@ -1,0 +1,66 @@
+"""Embedded mode (SQLite): a read-only transaction reads beside the writer instead of queueing
+on SQLite's write lock; a transaction that may write still takes it at BEGIN (issue #14)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+from starlette.requests import Request
+
+from app.core.db import READ_ONLY, make_engine, request_session
+
+
+def _in_thread(fn, timeout: float) -> tuple[threading.Thread, list]:
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    t.join(timeout)
+    return t, out
+
+
+def test_reads_do_not_queue_on_the_write_lock_but_writes_do(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    eng = make_engine(url)
+    with eng.begin() as c:
+        c.execute(text("CREATE TABLE t (x INTEGER)"))
+        c.execute(text("INSERT INTO t VALUES (1)"))
+    writer = sqlite3.connect(tmp_path / "db.sqlite", isolation_level=None, timeout=30)
+    writer.execute("BEGIN IMMEDIATE")  # someone holds the write lock (a long write)
+    writer.execute("INSERT INTO t VALUES (2)")
+
+    def read():
+        with Session(eng.execution_options(**{READ_ONLY: True})) as s:
+            return s.execute(text("SELECT count(*) FROM t")).scalar()
+
+    def write():
+        with Session(eng) as s, s.begin():
+            s.execute(text("INSERT INTO t VALUES (3)"))
+        return "written"
+    try:
+        t, got = _in_thread(read, 3)
+        assert not t.is_alive() and got == [1], "a read waited for the writer"
+        w, wrote = _in_thread(write, 1)
+        assert w.is_alive(), "a write did not wait for the write lock"
+    finally:
+        writer.execute("COMMIT")
+        writer.close()
+    w.join(10)
+    assert wrote == ["written"]
+    eng.dispose()
+
+
+def _session_of(database, method: str) -> tuple[Session, object]:
+    req = Request({"type": "http", "method": method, "path": "/", "headers": [],
+                   "query_string": b""})
+    gen = request_session(req)
+    return next(gen), gen
+
+
+def test_get_requests_get_read_only_sessions(database):
+    for method, ro in (("GET", True), ("HEAD", True), ("POST", False), ("DELETE", False)):
+        s, gen = _session_of(database, method)
+        assert bool(s.connection().get_execution_options().get(READ_ONLY)) is ro, method
+        gen.close()
