@@ -7,23 +7,22 @@ import logging
 from fastapi import FastAPI
 from fastapi.responses import ORJSONResponse
 
+from app.artifacts.routes import router as artifacts
+from app.cluster.routes import router as cluster
 from app.core.errors import install_handlers
 from app.core.middleware import RequestIdMiddleware
+from app.dashboard.routes import router as dashboard
+from app.datasets.routes import router as datasets
+from app.health.routes import router as health
+from app.jobs.routes import router as jobs
+from app.plans.routes import router as plans
+from app.runs.routes import router as runs
+from app.targets.routes import router as targets
+from app.users.routes import router as users
 from app.wiring import wire
 
 
 def create_app() -> FastAPI:
-    from app.artifacts.routes import router as artifacts
-    from app.cluster.routes import router as cluster
-    from app.dashboard.routes import router as dashboard
-    from app.datasets.routes import router as datasets
-    from app.health.routes import router as health
-    from app.jobs.routes import router as jobs
-    from app.plans.routes import router as plans
-    from app.runs.routes import router as runs
-    from app.targets.routes import router as targets
-    from app.users.routes import router as users
-
     wire()
     app = FastAPI(title="draftyard", version="0.1.0", default_response_class=ORJSONResponse)
     install_handlers(app)

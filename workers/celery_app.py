@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 
 from app.core.broker import RUN_JOB, SCHEDULE, celery_app
+from app.scheduler.nudge import nudge
 from app.wiring import wire
+from workers.runner import run_job as _run
 
 app = celery_app()
 wire()  # this process changes job status too: same consequences as in the API (app/wiring.py)
@@ -19,13 +21,9 @@ def node_name() -> str:
 
 @app.task(name=RUN_JOB, ignore_result=True)
 def run_job(job_id: str) -> str:
-    from workers.runner import run_job as _run
-
     return _run(job_id, node_name())
 
 
 @app.task(name=SCHEDULE, ignore_result=True)
 def schedule() -> None:
-    from app.scheduler.nudge import nudge
-
     nudge()

@@ -15,6 +15,10 @@ import time
 from app.cluster.service import first_live_node, heartbeat, mark_offline, register_node
 from app.core.config import get_settings
 from app.core.db import unit_of_work
+from app.scheduler.nudge import nudge
+from app.scheduler.reaper import reap
+from app.scheduler.service import lock
+from workers.celery_app import app
 
 log = logging.getLogger("draftyard.node")
 
@@ -45,10 +49,6 @@ def _housekeeping(node: str, stop: threading.Event) -> None:
     node by name also reaps lost jobs and refreshes queue positions and pending reasons: one
     node is enough, and each refresh reads every waiting job. If it dies, the next one takes
     over once it is stale, which is also when its jobs become reapable."""
-    from app.scheduler.nudge import nudge
-    from app.scheduler.reaper import reap
-    from app.scheduler.service import lock
-
     s = get_settings()
     last_reasons, cost = 0.0, 0.0
     while not stop.is_set():
@@ -87,8 +87,6 @@ def run_worker(node: str, gpus_decl: str | None, concurrency: int | None = None,
     keeper = threading.Thread(target=_housekeeping, args=(node, stop), daemon=True,
                               name="housekeeping")
     keeper.start()
-    from workers.celery_app import app
-
     conc = concurrency or (len(gpus) + s.cpu_slots + 1)
     argv = ["worker", "-Q", f"control,cpu,gpu.{node}", "--pool", "threads", "-c", str(conc),
             "-n", f"{node}@{platform.node()}-{os.getpid()}", "--without-gossip",

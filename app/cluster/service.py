@@ -12,7 +12,9 @@ from app.core.config import get_settings
 from app.core.db import utcnow
 from app.core.errors import Forbidden, NotFound
 from app.jobs.lifecycle import queue_changed
+from app.jobs.render import jobs_read
 from app.models import Gpu, Job, Node, User
+from app.scheduler.reads import usage_by_owner
 
 
 def register_node(session: Session, name: str, gpus: list[dict], *, hostname: str,
@@ -91,9 +93,6 @@ def nodes_view(session: Session) -> list[dict]:
 
 
 def queue_view(session: Session) -> dict:
-    from app.jobs.render import jobs_read
-    from app.scheduler.reads import usage_by_owner
-
     active = list(session.scalars(select(Job).where(
         Job.status.in_(("dispatched", "running", "cancelling"))).order_by(Job.started_at)))
     waiting = list(session.scalars(select(Job).where(Job.status.in_(("queued", "pending")))

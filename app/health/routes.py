@@ -11,6 +11,7 @@ from app.core.auth import Principal, current_user
 from app.core.broker import ping_broker
 from app.core.db import get_engine
 from app.core.errors import error_body
+from app.core.metrics import refresh
 
 router = APIRouter(tags=["health"])
 
@@ -43,7 +44,5 @@ async def readyz():
 
 @router.get("/metrics")
 def metrics(user: Principal = Depends(current_user)):
-    from app.core.metrics import refresh
-
     refresh()
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -9,6 +9,7 @@ from pathlib import Path
 from app.core.config import get_settings
 from app.core.db import unit_of_work
 from app.jobs.states import TERMINAL
+from app.models import Job
 
 
 def log_path(job_id: str) -> Path:
@@ -30,8 +31,6 @@ def read_tail(job_id: str, tail: int | None, max_bytes: int = 4 << 20) -> str:
 
 
 async def follow(job_id: str, tail: int | None, request):
-    from app.models import Job
-
     first = read_tail(job_id, tail or 50)
     yield first
     p = log_path(job_id)
