@@ -1,1 +1,2 @@
-"""draftyard control plane: HTTP API, DB models, services, scheduler policy, CLI. Never imports torch or workers/."""
+"""draftyard control plane: HTTP API, DB models, services, scheduler policy, CLI.
+Never imports torch or workers/."""

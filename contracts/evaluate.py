@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 Measure = Literal["tau_sim", "specdec", "vllm"]
+DEFAULT_MEASURES: tuple[Measure, ...] = ("tau_sim", "specdec")
 
 
 class EvalParams(BaseModel):
@@ -23,7 +24,7 @@ class EvalParams(BaseModel):
     chat_template_kwargs: dict = Field(default_factory=dict)
     # tau below this -> verdict "reject" (the job still succeeds).
     min_tau: float | None = Field(None, ge=0.0)
-    measures: list[Measure] = Field(default_factory=lambda: ["tau_sim", "specdec"], min_length=1)
+    measures: list[Measure] = Field(default_factory=lambda: list(DEFAULT_MEASURES), min_length=1)
     # "untrained": the same drafter config with fresh seeded weights, when no
     # baseline_drafter input is given. None: no baseline.
     baseline: Literal["untrained"] | None = "untrained"

@@ -48,9 +48,9 @@ class Stages(BaseModel):
     model_config = ConfigDict(extra="forbid")
     generate: dict[str, Any] | None = None
     prepare: dict[str, Any] = Field(default_factory=dict)
-    extract: dict[str, Any] | None = Field(default_factory=dict)
+    extract: dict[str, Any] | None = Field(default_factory=lambda: {})
     train: dict[str, Any] = Field(default_factory=dict)
-    evaluate: dict[str, Any] | None = Field(default_factory=dict)
+    evaluate: dict[str, Any] | None = Field(default_factory=lambda: {})
 
 
 class StageJob(BaseModel):

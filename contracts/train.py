@@ -62,7 +62,11 @@ class DrafterParams(_Strict):
     @property
     def speculative_tokens(self) -> int:
         """Tokens one draft pass proposes (what vLLM's num_speculative_tokens gets)."""
-        return (self.block_size - 1) if self.type == "dflash" else int(self.ttt_steps)
+        if self.type == "dflash":
+            assert self.block_size is not None  # _per_type sets it
+            return self.block_size - 1
+        assert self.ttt_steps is not None  # _per_type sets it
+        return self.ttt_steps
 
 
 class OnlineParams(_Strict):
@@ -121,7 +125,7 @@ class TrainParams(_Strict):
         if self.position_weighting == "dpace" and self.loss_fn != "ce":
             raise ValueError("position_weighting=dpace requires loss=ce")
         d = self.drafter
-        if d.type == "dflash" and self.seq_length <= d.block_size:
+        if d.type == "dflash" and d.block_size is not None and self.seq_length <= d.block_size:
             raise ValueError(f"seq_length must exceed drafter.block_size ({d.block_size})")
         return self
 

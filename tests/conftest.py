@@ -202,7 +202,7 @@ def server(database):
     try:
         wait_for(ready, 60, 0.2, "the API to be ready")
     except AssertionError:
-        raise AssertionError("API did not start:\n" + proc.tail())
+        raise AssertionError("API did not start:\n" + proc.tail()) from None
     yield url
     proc.kill(signal.SIGTERM)
 

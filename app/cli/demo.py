@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from app.cli.client import ApiFailure, Client
 from app.cli.runs import print_plan
@@ -25,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "demo" / "data"
 
 # FIELD-NOTES "The whole pipeline fits a laptop demo": the settings that gave tau 5.2.
-FULL = dict(target_steps=600, per_source=None, max_tokens=96, epochs=12, eval_prompts=32,
+FULL: dict[str, Any] = dict(target_steps=600, per_source=None, max_tokens=96, epochs=12, eval_prompts=32,
             max_steps=None)
 QUICK = dict(target_steps=150, per_source=16, max_tokens=32, epochs=1, eval_prompts=4,
              max_steps=30)

@@ -12,7 +12,7 @@ import logging
 
 from fastapi import Request
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import CursorResult, Engine, Result
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.config import get_settings
@@ -69,6 +69,13 @@ def get_engine() -> Engine:
 def get_sessionmaker(read_only: bool = False) -> sessionmaker:
     bind = get_engine().execution_options(**{READ_ONLY: True}) if read_only else get_engine()
     return sessionmaker(bind=bind, expire_on_commit=False)
+
+
+def rowcount(result: Result) -> int:
+    """Rows an UPDATE/DELETE matched (`Session.execute` is typed as returning a plain
+    `Result`, but a DML statement's is a `CursorResult`)."""
+    assert isinstance(result, CursorResult)
+    return result.rowcount
 
 
 def is_sqlite(session: Session) -> bool:

@@ -61,7 +61,7 @@ def from_path(session: Session, user: Principal, name: str, raw_path: str, fmt: 
     return _start_ingest(session, user, ds, path, fmt)
 
 
-def from_upload(session: Session, user: Principal, name: str, filename: str, fileobj,
+def from_upload(session: Session, user: Principal, name: str, filename: str | None, fileobj,
                 fmt: str) -> Dataset:
     s = get_settings()
     _check_format(fmt)
@@ -119,6 +119,7 @@ def on_job_status(session: Session, ev: StatusChanged) -> None:
         return
     if job.status == "succeeded" and job.outputs:
         art = session.get(Artifact, job.outputs[0])
+        assert art is not None, job.outputs  # recorded in the transaction that succeeded it
         m = art.meta or {}
         ds.status, ds.artifact_id = "ready", art.id
         ds.format = m.get("format", ds.format or ("mix" if job.type == "mix" else None))

@@ -41,12 +41,11 @@ def resolve_ref(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
         job = session.get(Job, ref["job"])
         if job is None or job.status != "succeeded":
             raise Unresolved(f"job {ref['job']} has not succeeded")
-        arts = [session.get(Artifact, a) for a in job.outputs]
-        arts = [a for a in arts if a is not None]
+        arts = [a for a in (session.get(Artifact, x) for x in job.outputs) if a is not None]
         want = ref.get("output")
-        for a in arts:
-            if (want and a.meta.get("name") == want) or (not want and a.kind in kinds):
-                return artifact_dict(a)
+        for art in arts:
+            if (want and art.meta.get("name") == want) or (not want and art.kind in kinds):
+                return artifact_dict(art)
         raise Unresolved(f"job {job.id} produced no {'/'.join(kinds)} artifact")
     if isinstance(ref, str) and ref.startswith("tgt_"):
         t = session.get(Target, ref)
@@ -58,6 +57,8 @@ def resolve_ref(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
         if d is None or d.artifact_id is None:
             raise Unresolved(f"dataset {ref} is not ready")
         a = session.get(Artifact, d.artifact_id)
+        if a is None:
+            raise Unresolved(f"dataset {ref}: its artifact {d.artifact_id} is gone")
         return {**artifact_dict(a), "dataset_id": d.id, "name": d.name}
     if isinstance(ref, str) and ref.startswith("art_"):
         a = session.get(Artifact, ref)

@@ -102,7 +102,7 @@ async def _stream_events(job_id: str, after: int, request: Request):
     import orjson
 
     while True:
-        def poll():
+        def poll(after: int = after):  # bound now: the loop moves `after` on
             with unit_of_work(read_only=True) as s:
                 evs = service.events(s, job_id, after, 500)
                 done = service.get_job(s, job_id).status in TERMINAL

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
 from app.core.config import get_settings
-from app.core.db import utcnow
+from app.core.db import rowcount, utcnow
 from app.core.errors import Conflict, Forbidden, Invalid, NotFound
 from app.core.ids import new_id
 from app.core.pagination import Page, paginate
@@ -63,7 +63,7 @@ def cas_status(session: Session, job_id: str, old: S, new: S, **fields: Any) -> 
     check(old, new)
     res = session.execute(update(Job).where(Job.id == job_id, Job.status == old.value)
                           .values(status=new.value, **fields))
-    if res.rowcount != 1:
+    if rowcount(res) != 1:
         return False
     add_event(session, job_id, "status", {"from": old.value, "to": new.value})
     job = session.get(Job, job_id)  # the ORM update above synchronised it if it was loaded
@@ -244,7 +244,8 @@ def retry_job(session: Session, user: Principal, job: Job) -> Job:
     if job.status not in (S.failed.value, S.cancelled.value):
         raise Conflict(f"job {job.id} is {job.status}; only failed or cancelled jobs can be "
                        "retried", code="not_retryable", details={"status": job.status})
-    waiting = [d for d in job.depends_on if session.get(Job, d).status != S.succeeded.value]
+    waiting = [d for d in job.depends_on
+               if (dep := session.get(Job, d)) is None or dep.status != S.succeeded.value]
     transition(session, job, S.pending if waiting else S.queued, reason=f"retry by {user.name}",
                attempt=job.attempt + 1, error=None, finished_at=None, started_at=None,
                progress=None, node=None, queued_at=None, heartbeat_at=None)

@@ -58,7 +58,8 @@ def make_plan(body: RunSpec, free_bytes_override: int | None = None) -> dict:
                                str(work / "spec.json")], capture_output=True, text=True,
                               timeout=120, env=env, cwd=str(work))
         result = None
-        for line in (work / "events.jsonl").read_text().splitlines() if (work / "events.jsonl").exists() else []:
+        events = work / "events.jsonl"
+        for line in events.read_text().splitlines() if events.exists() else []:
             ev = json.loads(line)
             if ev["kind"] == "result":
                 result = ev["data"]

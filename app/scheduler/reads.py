@@ -9,6 +9,7 @@ import time
 from datetime import datetime, timedelta
 from itertools import groupby
 from operator import itemgetter
+from typing import cast
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -58,7 +59,7 @@ def waiting_rows(session: Session, with_reasons: bool,
         aged=float(only[2]))
     sql = _ROWS_SQL.format(epoch=_EPOCH[dialect], only=where,
                            extra=", queue_position, pending_reason" if with_reasons else "")
-    return session.connection().exec_driver_sql(sql).fetchall()
+    return cast(list[tuple], session.connection().exec_driver_sql(sql).fetchall())
 
 
 def queued_in_order(rows: list[tuple]) -> list[tuple]:
@@ -98,11 +99,11 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
             continue
         st.total += 1
         if r.job_id is None:
-            st.free.append(r.index)
+            st.free.append(r.index)  # type: ignore[arg-type]  # the column, not tuple.index
         elif r.owner_id is not None:
             held[r.owner_id] = held.get(r.owner_id, 0) + 1
     if not states:
-        busy = session.scalar(cpu_busy) or 0
+        busy = session.scalar(select(cpu_busy)) or 0
     return list(states.values()), max(0, cpu_total - busy), held
 
 
@@ -139,7 +140,7 @@ def recent_gpu_hours(session: Session, now: datetime) -> dict[str, float]:
     """GPU-hours per owner over the window, re-read at most every HOURS_TTL_S per process:
     the fair-share tie-break between users holding as many GPUs; seconds of staleness
     move it by a negligible amount and save a statement in most decisions."""
-    key = str(session.get_bind().url)
+    key = str(session.get_bind().engine.url)
     t = time.monotonic()
     with _hours_lock:
         hit = _hours.get(key)

@@ -10,13 +10,14 @@ import logging
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
-from sqlalchemy import bindparam, select, text, update
+from sqlalchemy import Table, bindparam, select, text, update
 from sqlalchemy.orm import Session
 
 from app.core.broker import send_run_job
 from app.core.config import get_settings
-from app.core.db import after_commit, is_sqlite, utcnow
+from app.core.db import after_commit, is_sqlite, rowcount, utcnow
 from app.jobs import catalog
 from app.jobs.inputs import Unresolved, fingerprint, resolve
 from app.jobs.service import add_event, transition
@@ -201,12 +202,12 @@ def _dispatch(session: Session, job_id: str, owner: str, node: str | None, idx: 
                                             Job.held.is_(False))
                           .values(status=S.dispatched.value, node=node, pending_reason=None,
                                   heartbeat_at=now, queue_position=None))
-    if res.rowcount != 1:
+    if rowcount(res) != 1:
         return False
     if idx:
         res = session.execute(update(Gpu).where(Gpu.node == node, Gpu.index.in_(idx),
                                                 Gpu.job_id.is_(None)).values(job_id=job_id))
-        if res.rowcount != len(idx):
+        if rowcount(res) != len(idx):
             raise RuntimeError(f"lease conflict on {node} {idx}")
         session.add_all([GpuLease(job_id=job_id, owner_id=owner, node=node, index=i,
                                   start_at=now) for i in idx])
@@ -232,7 +233,7 @@ def _write_reasons(session: Session, p, rows, dispatched: set[str]) -> None:
     if not changes:
         return
     if is_sqlite(session):
-        t = Job.__table__
+        t = cast(Table, Job.__table__)
         session.execute(update(t).where(t.c.id == bindparam("b_id"),
                                         t.c.status == S.queued.value)
                         .values(queue_position=bindparam("b_pos"),

@@ -179,7 +179,7 @@ def test_cancel_run_during_train_then_retry_reuses_and_resumes(api, worker, targ
     assert [j["run_stage"] for j in run["jobs"]] == ["generate", "prepare", "extract", "train",
                                                      "evaluate"]
     train = next(j for j in run["jobs"] if j["run_stage"] == "train")
-    wait_for(lambda: (j := api.job(train["id"]))["status"] == "running"
+    wait_for(lambda: api.job(train["id"])["status"] == "running"
              and len(api.get(f"/v1/jobs/{train['id']}/metrics").json().get("loss", [])) >= 5,
              300, 0.5, "train to log a few steps")
     j = api.job(train["id"])

@@ -14,7 +14,6 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from datetime import timedelta
 
 import pytest
 from sqlalchemy import select

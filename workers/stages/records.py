@@ -62,7 +62,8 @@ def to_row(rec: dict) -> dict:
         "id": str(rec["id"]),
         "source": rec.get("source") or "",
         "messages": [_norm_message(m) for m in rec["messages"]],
-        "tools": tools if (tools is None or isinstance(tools, str)) else json.dumps(tools, ensure_ascii=False),
+        "tools": (tools if (tools is None or isinstance(tools, str))
+                  else json.dumps(tools, ensure_ascii=False)),
     }
 
 

@@ -5,7 +5,7 @@ generation-prompt header and end-of-turn tokens once, locates the trained charac
 each record (`spans.py`), tokenizes the renderings in batches with the fast tokenizer and maps
 the spans to tokens through the encodings' offsets (no per-token Python loop).
 
-A token that crosses a span boundary (Qwen's `\s*[\r\n]+` merges the `\n` ending the
+A token that crosses a span boundary (Qwen's `\\s*[\\r\\n]+` merges the `\n` ending the
 generation prompt with a reply that begins with a newline) is replaced by the tokens of its
 two parts, which is how the target saw it at inference: the prompt tokenized alone, then the
 reply. Every other token is the whole rendering's tokenization.
@@ -166,7 +166,7 @@ class Masker:
                         crossing: dict[int, set[int]]) -> Encoded:
         """Replace each token that crosses a span boundary by the tokens of its parts.
 
-        Qwen's `\s*[\r\n]+` merges the `\n` ending Qwen3.5/3.6's generation prompt
+        Qwen's `\\s*[\\r\\n]+` merges the `\n` ending Qwen3.5/3.6's generation prompt
         (`<think>\n`) with the `\n` the model writes next into one `\n\n` token. At inference
         the prompt was tokenized alone and the model emitted its own `\n`: splitting the
         token at the boundary gives exactly that sequence, and a mask that can be exact."""
