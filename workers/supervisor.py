@@ -4,7 +4,6 @@ SIGKILL after a grace period), and on exit the artifacts and the final status.""
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -21,20 +20,11 @@ from app.core.config import get_settings
 from app.core.db import unit_of_work, utcnow
 from app.jobs.service import add_event
 from app.models import Job
+from procgroup import die_with_parent, signal_group
 
 log = logging.getLogger("draftyard.supervisor")
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PR_SET_PDEATHSIG = 1
 LOST = "lost"  # _pump_events: this attempt no longer owns the job
-
-
-def _die_with_parent() -> None:
-    # The stage dies if the worker thread that started it dies (a SIGKILLed worker must not
-    # leave an orphan stage running beside the retry that the reaper queues).
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 @dataclass
@@ -96,23 +86,16 @@ class Supervisor:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "workers.stages", self.type, "--spec", str(self.spec_path)],
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=str(self.job_dir), start_new_session=True, preexec_fn=_die_with_parent)
+            cwd=str(self.job_dir), start_new_session=True,
+            # The stage dies if the worker thread that started it dies (a SIGKILLed worker
+            # must not leave an orphan stage running beside the retry the reaper queues).
+            preexec_fn=die_with_parent(signal.SIGKILL))
         logf.close()
         with unit_of_work() as s:
             add_event(s, self.job_id, "log", {"message": f"stage started, pid {self.proc.pid}"})
 
     def _signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def group_alive(self) -> bool:
-        try:
-            os.killpg(self.proc.pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
+        signal_group(self.proc.pid, sig)  # start_new_session: its group id is its pid
 
     # -- the watch loop -------------------------------------------------------------------
     def watch(self) -> StageOutcome:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -10,6 +9,7 @@ import time
 import httpx
 
 from app.core.config import get_settings
+from procgroup import stop_group
 
 
 def start_embedded(port: int) -> subprocess.Popen:
@@ -32,10 +32,4 @@ def start_embedded(port: int) -> subprocess.Popen:
 
 
 def stop(proc: subprocess.Popen) -> None:
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(20)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(proc.pid, signal.SIGKILL)
+    stop_group(proc, 20.0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import uvicorn
 
 from app.cli.view import console
 from app.core.config import get_settings
+from procgroup import die_with_parent, stop_group
 
 
 def bootstrap(migrate: bool = True) -> None:
@@ -29,15 +29,6 @@ def bootstrap(migrate: bool = True) -> None:
             console.print(f"created the admin user; token in {s.home / 'admin_token'}")
 
 
-def _die_with_parent() -> None:
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def start_worker(node: str = "local", gpus: str | None = None) -> subprocess.Popen:
     argv = [sys.executable, "-m", "workers", "--node", node]
     if gpus:
@@ -47,16 +38,8 @@ def start_worker(node: str = "local", gpus: str | None = None) -> subprocess.Pop
     # The worker dies with `up` (PR_SET_PDEATHSIG): uvicorn re-raises SIGTERM after its
     # graceful shutdown, so atexit alone would leave an orphan worker behind.
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=_die_with_parent)
-
-    def _stop() -> None:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(proc.pid, signal.SIGKILL)
-    atexit.register(_stop)
+                            preexec_fn=die_with_parent(signal.SIGTERM))
+    atexit.register(stop_group, proc, 10.0)
     return proc
 
 

@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from procgroup import stop_group
 from workers.stages.common import StageError
-from workers.stages.procs import stop_group
 
 PREFIX = "vllm:spec_decode_"
 METHODS = {"dflash": "dflash", "eagle3": "eagle3"}

@@ -20,8 +20,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from procgroup import stop_group
 from workers.stages.common import StageContext, StageError, write_json_atomic
-from workers.stages.procs import stop_group
 
 LAUNCH_DIR = "launch"
 STOP_GRACE_S = 120.0   # a rank finishes its step and writes a checkpoint within this

@@ -37,12 +37,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from procgroup import stop_group
 from workers.stages.common import StageError
 from workers.stages.extract.backends import ExtractJob, Progress, open_rows, read_input_ids
 from workers.stages.extract.layers import LayerPlan, is_hybrid
 from workers.stages.extract.params import VllmParams
 from workers.stages.extract.writer import torch_dtype, write_sample
-from workers.stages.procs import stop_group
 
 SERVED_MODEL_NAME = "draftyard-target"
 STAGING_DIR = "vllm_staging"

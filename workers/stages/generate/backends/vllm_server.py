@@ -10,7 +10,6 @@ it asks the GPUs for memory again.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -19,10 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+from procgroup import die_with_parent, kill_group, stop_group
 from workers.stages.common import StageError
-from workers.stages.procs import kill_group, stop_group
 
-_PR_SET_PDEATHSIG = 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -59,18 +57,6 @@ def build_serve_command(executable: list[str] | None, model_path: str, *, port: 
     if max_model_len is not None:
         cmd += ["--max-model-len", str(max_model_len)]
     return cmd + list(extra_args or [])
-
-
-def _die_with(parent: int):
-    """preexec_fn: SIGTERM this child when `parent` dies, even by SIGKILL."""
-    def preexec() -> None:  # runs in the child between fork and exec
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        except (OSError, AttributeError):
-            return  # not Linux/glibc: the stage's finally block and the pid file still cover it
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-    return preexec
 
 
 def _start_time(pid: int) -> int | None:
@@ -118,7 +104,7 @@ class VllmServer:
         try:
             self.proc = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, start_new_session=True, preexec_fn=_die_with(os.getpid()))
+                env=self.env, start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
         except OSError as e:  # no vllm executable here
             raise StageError("backend_unavailable", f"cannot start {self.command[0]!r}: {e}; "
                              "install vllm (pip install draftyard[gpu]) or set "

@@ -1,15 +1,49 @@
-"""Stopping a child and everything it started: the servers and launchers the stages run
-(vLLM, torchrun) live in their own process group, and what holds GPU memory is often a
-grandchild, so a stop waits for the whole group, not only its leader."""
+"""The one process-lifecycle module: children that die with their parent, and stopping a
+child with everything it started (SIGTERM to its process group, a grace period, SIGKILL).
+
+Used by the CLI (`draftyard up` and its worker, the demo's embedded service), the worker's
+supervisor (a stage child) and the stages (vLLM servers, torchrun). Standard library only, so
+app/ and workers/stages/ may both import it (tests/test_layering.py).
+
+Why groups: the servers and launchers the stages run (vLLM, torchrun) start their own
+children, and what holds GPU memory is often a grandchild, so a stop waits for the whole
+group, not only its leader. Why PR_SET_PDEATHSIG: a parent killed by SIGKILL runs no cleanup;
+the kernel's signal is the only thing that still reaches its child.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A `preexec_fn`: the child gets `sig` when the process that started it dies, even by
+    SIGKILL (Linux; elsewhere a no-op, and the parent's own cleanup has to do)."""
+    parent = os.getpid()
+
+    def preexec() -> None:  # runs in the child between fork and exec
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), sig)
+    return preexec
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """Signal a process group that may be gone already."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
 
 
 def group_members(pgid: int) -> list[int] | None:
@@ -47,8 +81,7 @@ def group_alive(pgid: int) -> bool:
 
 def kill_group(pgid: int, grace_s: float, leader: subprocess.Popen | None = None) -> None:
     """SIGTERM the whole group, then SIGKILL what is left after grace_s."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
+    signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         if leader is not None:
@@ -56,8 +89,7 @@ def kill_group(pgid: int, grace_s: float, leader: subprocess.Popen | None = None
         if not group_alive(pgid):
             return
         time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
+    signal_group(pgid, signal.SIGKILL)
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
