@@ -1,26 +1,28 @@
-"""What `run_job` does: claim, build the stage's spec, supervise it, then record the outcome
-(artifacts with lineage, final status, GPUs released, dependants nudged)."""
+"""What `run_job` does: claim, build the stage's spec, supervise it, then publish the
+artifacts (files: workers/publish.py) and record the outcome (DB: artifact rows with lineage,
+final status, GPUs released; the lifecycle subscribers do the rest)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
+import signal
 import socket
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import unit_of_work, utcnow
-from app.core.ids import new_id
 from app.jobs.inputs import Unresolved, resolve
 from app.jobs.logs import read_tail
 from app.jobs.service import add_event, cas_status, release_gpus, transition
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, Job
+from workers.publish import ArtifactMissing, Published, publish_artifacts
 from workers.supervisor import StageOutcome, Supervisor
 
 log = logging.getLogger("draftyard.worker")
@@ -66,19 +68,6 @@ def prepare_spec(job_id: str) -> tuple[Path, Path, list[int], str, int]:
         return spec_path, events, gpus, job.type, job.attempt
 
 
-def _manifest(folder: Path) -> tuple[int, list[dict]]:
-    total, files = 0, []
-    for p in sorted(folder.rglob("*")):
-        if p.is_file():
-            size = p.stat().st_size
-            total += size
-            entry = {"path": str(p.relative_to(folder)), "bytes": size}
-            if size <= 1 << 20:
-                entry["sha256"] = hashlib.sha256(p.read_bytes()).hexdigest()
-            files.append(entry)
-    return total, files
-
-
 def _input_ids(resolved: dict) -> list[str]:
     ids: list[str] = []
     for v in resolved.values():
@@ -96,78 +85,73 @@ def _ours(job: Job, attempt: int | None) -> bool:
 
 
 def finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | None = None) -> None:
-    settings = get_settings()
+    """Publish the attempt's artifacts (files) and record the outcome (DB), under the job's
+    row lock: the reaper (SKIP LOCKED) cannot requeue the job meanwhile."""
     with unit_of_work() as s:
-        # Row lock: the reaper (SKIP LOCKED) cannot requeue the job under us meanwhile.
         job = s.get(Job, job_id, with_for_update=True)
         if outcome.lost or not _ours(job, attempt):
             log.warning("job %s attempt %s: no longer owned by this worker (now %s, attempt "
                         "%s); nothing recorded", job_id, attempt, job.status, job.attempt)
             shutil.rmtree(out_dir, ignore_errors=True)
             return
-        status = S(job.status)
-        if outcome.returncode == 0 and status in (S.running, S.cancelling):
+        published: list[Published] = []
+        missing = None
+        inputs: list[str] = []
+        if outcome.returncode == 0 and job.status in (S.running.value, S.cancelling.value):
             try:
-                resolved = resolve(s, job)
+                inputs = _input_ids(resolve(s, job))
             except Unresolved:
-                resolved = {}
-            out_ids = []
-            for a in outcome.artifacts:
-                src = out_dir / a["path"]
-                if not src.exists():
-                    transition(s, job, S.failed, error={
-                        "code": "artifact_missing",
-                        "message": f"the stage declared artifact {a['path']!r} but did not write it"})
-                    release_gpus(s, job_id)
-                    return
-                art_id = new_id("art")
-                dest = settings.artifacts_dir / a["kind"] / art_id
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(src, dest)  # atomic: the artifact appears whole or not at all
-                size, files = _manifest(dest)
-                meta = {**(a.get("meta") or {}), "name": a.get("name")}
-                if isinstance(meta.get("vllm_serve_command"), str):
-                    # The stage cannot know where its artifact will live; now we do.
-                    meta["vllm_serve_command"] = meta["vllm_serve_command"].replace(
-                        "<drafter_path>", str(dest))
-                (dest / "manifest.json").write_text(json.dumps(
-                    {"id": art_id, "kind": a["kind"], "producer_job": job_id,
-                     "inputs": _input_ids(resolved), "params": job.params, "bytes": size,
-                     "files": files}, indent=1, default=str))
-                s.add(Artifact(id=art_id, kind=a["kind"], uri=str(dest), bytes=size, files=files,
-                               producer_job=job_id, inputs=_input_ids(resolved), meta=meta,
-                               owner_id=job.owner_id))
-                out_ids.append(art_id)
-                add_event(s, job_id, "artifact", {"id": art_id, "kind": a["kind"],
-                                                  "name": a.get("name"), "bytes": size})
-            s.flush()
-            transition(s, job, S.succeeded, outputs=out_ids,
-                       metrics_summary=outcome.result or {})
-        elif status == S.cancelling or (outcome.cancelled and status != S.succeeded):
-            transition(s, job, S.cancelled, error={"code": "cancelled",
-                                                   "message": "cancelled while running"})
-        elif status == S.running:
-            tail = read_tail(job_id, 40)
-            if outcome.error:
-                err = {"code": outcome.error.get("code", "stage_failed"),
-                       "message": outcome.error.get("message", "the stage failed"),
-                       "details": outcome.error.get("details"), "log_tail": tail}
-            elif outcome.returncode < 0:
-                import signal as _sig
-
-                name = _sig.Signals(-outcome.returncode).name
-                err = {"code": "stage_killed",
-                       "message": f"the stage process was killed by {name} "
-                                  f"(signal {-outcome.returncode}); see the log tail",
-                       "log_tail": tail}
-            else:
-                err = {"code": "stage_crashed",
-                       "message": f"the stage exited with status {outcome.returncode}",
-                       "log_tail": tail}
-            transition(s, job, S.failed, error=err)
-        # else: the reaper or a cancel already moved it on; nothing to record.
-        release_gpus(s, job_id)
+                pass
+            try:
+                published = publish_artifacts(outcome.artifacts, out_dir,
+                                              get_settings().artifacts_dir, job_id=job_id,
+                                              inputs=inputs, params=job.params)
+            except ArtifactMissing as e:
+                missing = e
+        record_outcome(s, job, outcome, published, inputs, missing)
     shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def record_outcome(s: Session, job: Job, outcome: StageOutcome, published: list[Published],
+                   inputs: list[str], missing: ArtifactMissing | None = None) -> None:
+    """The job's end in the DB only: artifact rows, final status, GPUs released. What follows
+    from the status (dataset, run, scheduler) is the lifecycle subscribers' (app/wiring.py)."""
+    status = S(job.status)
+    if missing is not None:
+        transition(s, job, S.failed, error={"code": "artifact_missing", "message": str(missing)})
+    elif outcome.returncode == 0 and status in (S.running, S.cancelling):
+        for p in published:
+            s.add(Artifact(id=p.id, kind=p.kind, uri=p.uri, bytes=p.bytes, files=p.files,
+                           producer_job=job.id, inputs=inputs, meta=p.meta,
+                           owner_id=job.owner_id))
+            add_event(s, job.id, "artifact", {"id": p.id, "kind": p.kind, "name": p.name,
+                                              "bytes": p.bytes})
+        s.flush()
+        transition(s, job, S.succeeded, outputs=[p.id for p in published],
+                   metrics_summary=outcome.result or {})
+    elif status == S.cancelling or (outcome.cancelled and status != S.succeeded):
+        transition(s, job, S.cancelled, error={"code": "cancelled",
+                                               "message": "cancelled while running"})
+    elif status == S.running:
+        transition(s, job, S.failed, error=_stage_error(job.id, outcome))
+    # else: the reaper or a cancel already moved it on; nothing to record.
+    release_gpus(s, job.id)
+
+
+def _stage_error(job_id: str, outcome: StageOutcome) -> dict:
+    tail = read_tail(job_id, 40)
+    if outcome.error:
+        return {"code": outcome.error.get("code", "stage_failed"),
+                "message": outcome.error.get("message", "the stage failed"),
+                "details": outcome.error.get("details"), "log_tail": tail}
+    if outcome.returncode < 0:
+        name = signal.Signals(-outcome.returncode).name
+        return {"code": "stage_killed",
+                "message": f"the stage process was killed by {name} "
+                           f"(signal {-outcome.returncode}); see the log tail",
+                "log_tail": tail}
+    return {"code": "stage_crashed",
+            "message": f"the stage exited with status {outcome.returncode}", "log_tail": tail}
 
 
 def run_job(job_id: str, node: str) -> str:
