@@ -22,6 +22,7 @@ This module imports nothing heavy and nothing from app/, SQLAlchemy, Celery or H
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -99,6 +100,12 @@ class StageContext:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+def template_sha256(text: str) -> str:
+    """The identity of a chat-template text, one definition for every stage: generate records
+    it in its dataset, prepare and evaluate compare theirs against it."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

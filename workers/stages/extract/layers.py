@@ -86,35 +86,37 @@ class LayerPlan:
         return len(self.aux) + 1
 
 
-def validate_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
-    """Aux ids must be distinct ints in [0, N-1]; N itself is always stored as the last
-    entry, so listing it would store it twice."""
+def validate_layer_ids(layer_ids: list[int], num_layers: int,
+                       field: str = "layer_ids") -> list[int]:
+    """The one validity rule of aux layer ids, for every stage (extract, train, the plan):
+    distinct ints in [0, N-1]; N itself is always stored as the last entry, so listing it
+    would store it twice. `field`: the param as the caller's spec spells it."""
     valid = f"[0, {num_layers - 1}]"
     if not layer_ids:
-        raise StageError("invalid_params", f"layer_ids must list at least one aux layer in "
+        raise StageError("invalid_params", f"{field} must list at least one aux layer in "
                          f"{valid} (the target has {num_layers} layers)",
-                         details={"field": "layer_ids", "valid_range": [0, num_layers - 1]})
+                         details={"field": field, "valid_range": [0, num_layers - 1]})
     bad = [i for i in layer_ids if not isinstance(i, int) or isinstance(i, bool)
            or i < 0 or i >= num_layers]
     if bad:
         hint = (f"; layer {num_layers} (the input of the final norm) is always stored last, "
                 f"do not list it") if num_layers in bad else ""
         raise StageError("invalid_params",
-                         f"layer_ids {bad} out of range: valid aux layer ids are {valid} for a "
+                         f"{field} {bad} out of range: valid aux layer ids are {valid} for a "
                          f"target with {num_layers} layers{hint}",
-                         details={"field": "layer_ids", "invalid": bad,
+                         details={"field": field, "invalid": bad,
                                   "valid_range": [0, num_layers - 1]})
     if len(set(layer_ids)) != len(layer_ids):
-        raise StageError("invalid_params", f"layer_ids must be distinct, got {layer_ids}",
-                         details={"field": "layer_ids"})
+        raise StageError("invalid_params", f"{field} must be distinct, got {layer_ids}",
+                         details={"field": field})
     return list(layer_ids)
 
 
 def resolve_layers(config: dict[str, Any], drafter_type: str,
-                   layer_ids: list[int] | None) -> LayerPlan:
+                   layer_ids: list[int] | None, field: str = "layer_ids") -> LayerPlan:
     """The layer plan for a target config: the given aux ids (validated) or the defaults."""
     n = num_hidden_layers(config)
-    aux = (validate_layer_ids(layer_ids, n) if layer_ids is not None
+    aux = (validate_layer_ids(layer_ids, n, field) if layer_ids is not None
            else default_layer_ids(drafter_type, n))
     return LayerPlan(aux=tuple(aux), num_target_layers=n, hidden_size=hidden_size(config))
 

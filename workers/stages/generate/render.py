@@ -7,9 +7,10 @@ both backends see identical prompts and the template recorded in the meta is the
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
+
+from workers.stages.common import template_sha256
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -50,7 +51,7 @@ class PromptRenderer:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.template.encode("utf-8")).hexdigest()
+        return template_sha256(self.template)
 
     def render(self, messages: list[dict], tools: list | None = None) -> str:
         try:

@@ -17,7 +17,6 @@ use; stripping is the operator's job, done before the text reaches draftyard.)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -29,14 +28,9 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from workers.stages.common import StageError
+from workers.stages.common import StageError, template_sha256
 
 _GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
-
-
-def template_sha256(text: str) -> str:
-    """The identity of a template text; generate writes the same hash into its dataset meta."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class _GenerationTracker(jinja2.ext.Extension):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.stages.common import StageError
+from workers.stages.extract.layers import resolve_layers
 from workers.stages.train.params import TrainParams
 
 ATTENTION_IMPLS = {"sdpa": "sdpa", "eager": "eager", "flex": "simple_flex_attention"}
@@ -205,17 +206,10 @@ def resolve_job(spec: dict, params: TrainParams, source: str, cuda: bool,
     else:
         if hs:
             warn("mode=online: the hidden_states input is ignored")
-        if d.target_layer_ids is not None:
-            layer_ids = list(d.target_layer_ids)
-            _need(max(layer_ids) < n_layers, "invalid_params", f"drafter.target_layer_ids "
-                  f"must be in [0, {n_layers - 1}] (layer {n_layers} is always added last)",
-                  field="drafter.target_layer_ids")
-        else:
-            # The same default the extract stage uses, so online and offline runs of one
-            # drafter type tap the same layers.
-            from workers.stages.extract.layers import default_layer_ids
-
-            layer_ids = default_layer_ids(d.type, n_layers)
+        # The extract stage's rule and defaults, so online and offline runs of one drafter
+        # type tap the same layers.
+        layer_ids = list(resolve_layers(cfg, d.type, d.target_layer_ids,
+                                        field="drafter.target_layer_ids").aux)
 
     draft_vocab = vocab if d.draft_vocab_size is None else d.draft_vocab_size
     _need(draft_vocab <= vocab, "invalid_params", f"drafter.draft_vocab_size {draft_vocab} "
