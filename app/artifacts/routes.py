@@ -11,6 +11,8 @@ from app.core.auth import Principal, current_user
 from app.core.db import request_session
 from app.core.errors import NotFound
 from app.core.pagination import Page, list_body, page_params, paginate
+from app.artifacts.schemas import ArtifactList, ArtifactRead
+from app.core.reads import typed
 from app.models import Artifact
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
@@ -30,7 +32,7 @@ def _get(session: Session, art_id: str) -> Artifact:
     return a
 
 
-@router.get("")
+@router.get("", response_model=ArtifactList)
 def list_artifacts(kind: str | None = None, job_id: str | None = None,
                    page: Page = Depends(page_params), user: Principal = Depends(current_user),
                    session: Session = DB):
@@ -40,12 +42,12 @@ def list_artifacts(kind: str | None = None, job_id: str | None = None,
     if job_id:
         stmt = stmt.where(Artifact.producer_job == job_id)
     rows, more, nxt = paginate(session, stmt, Artifact.id, page)
-    return list_body([artifact_read(a) for a in rows], more, nxt)
+    return typed(list_body([artifact_read(a) for a in rows], more, nxt))
 
 
-@router.get("/{art_id}")
+@router.get("/{art_id}", response_model=ArtifactRead)
 def get_artifact(art_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return artifact_read(_get(session, art_id))
+    return typed(artifact_read(_get(session, art_id)))
 
 
 @router.get("/{art_id}/files/{path:path}")

@@ -11,7 +11,9 @@ from app.core.db import request_session
 from app.core.errors import BadRequest, Invalid, TooLarge
 from app.core.idempotency import idempotent
 from app.core.pagination import Page, list_body, page_params, paginate
+from app.core.reads import typed
 from app.datasets import service
+from app.datasets.schemas import DatasetList, DatasetRead
 from app.models import Dataset
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
@@ -74,26 +76,26 @@ async def create_dataset(request: Request, user: Principal = Depends(current_use
         service.from_path(session, user, body.name, body.path, body.format)))
 
 
-@router.post("/mix", status_code=201)
+@router.post("/mix", status_code=201, response_model=DatasetRead)
 def mix(body: MixCreate, user: Principal = Depends(current_user), session: Session = DB,
         idempotency_key: str | None = Header(None)):
     return idempotent(session, user, idempotency_key, body.model_dump(),
                       lambda: service.dataset_read(service.mix(session, user, body)))
 
 
-@router.get("")
+@router.get("", response_model=DatasetList)
 def list_datasets(status: str | None = None, page: Page = Depends(page_params),
                   user: Principal = Depends(current_user), session: Session = DB):
     stmt = select(Dataset)
     if status:
         stmt = stmt.where(Dataset.status == status)
     rows, more, nxt = paginate(session, stmt, Dataset.id, page)
-    return list_body([service.dataset_read(d) for d in rows], more, nxt)
+    return typed(list_body([service.dataset_read(d) for d in rows], more, nxt))
 
 
-@router.get("/{ds_id}")
+@router.get("/{ds_id}", response_model=DatasetRead)
 def get_dataset(ds_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return service.dataset_read(service.get_dataset(session, ds_id))
+    return typed(service.dataset_read(service.get_dataset(session, ds_id)))
 
 
 @router.delete("/{ds_id}", status_code=204)

@@ -14,17 +14,18 @@ from app.core.auth import Principal, current_user
 from app.core.db import request_session, unit_of_work
 from app.core.idempotency import idempotent
 from app.core.pagination import Page, list_body, page_params
+from app.core.reads import typed
 from app.jobs import logs, service
 from app.jobs.params import validate_params
 from app.jobs.render import job_read, jobs_read
-from app.jobs.schemas import JobCreate, PriorityUpdate
+from app.jobs.schemas import JobCreate, JobList, JobRead, PriorityUpdate
 from app.jobs.states import TERMINAL
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 DB = Depends(request_session, scope="function")
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, response_model=JobRead)
 def create_job(body: JobCreate, user: Principal = Depends(current_user), session: Session = DB,
                idempotency_key: str | None = Header(None)):
     def make():
@@ -33,7 +34,7 @@ def create_job(body: JobCreate, user: Principal = Depends(current_user), session
     return idempotent(session, user, idempotency_key, body.model_dump(mode="json"), make)
 
 
-@router.get("")
+@router.get("", response_model=JobList)
 def list_jobs(status: str | None = None, type: str | None = None, owner: str | None = None,  # noqa: A002
               run_id: str | None = None, page: Page = Depends(page_params),
               user: Principal = Depends(current_user), session: Session = DB):
@@ -42,7 +43,7 @@ def list_jobs(status: str | None = None, type: str | None = None, owner: str | N
     return ORJSONResponse(list_body(jobs_read(session, rows), more, nxt))
 
 
-@router.get("/{job_id}")
+@router.get("/{job_id}", response_model=JobRead)
 async def get_job(job_id: str, user: Principal = Depends(current_user)):
     # The route every client polls: one hop to the thread pool for the whole read (a sync
     # route with a sync session dependency costs several hops per request).
@@ -52,31 +53,32 @@ async def get_job(job_id: str, user: Principal = Depends(current_user)):
     return ORJSONResponse(await run_in_threadpool(read), headers={"Cache-Control": "no-store"})
 
 
-@router.post("/{job_id}/cancel")
+@router.post("/{job_id}/cancel", response_model=JobRead)
 def cancel_job(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return job_read(service.cancel_job(session, user, service.get_job(session, job_id)))
+    return typed(job_read(service.cancel_job(session, user, service.get_job(session, job_id))))
 
 
-@router.post("/{job_id}/retry")
+@router.post("/{job_id}/retry", response_model=JobRead)
 def retry_job(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return job_read(service.retry_job(session, user, service.get_job(session, job_id)))
+    return typed(job_read(service.retry_job(session, user, service.get_job(session, job_id))))
 
 
-@router.post("/{job_id}/priority")
+@router.post("/{job_id}/priority", response_model=JobRead)
 def set_priority(job_id: str, body: PriorityUpdate, user: Principal = Depends(current_user),
                  session: Session = DB):
-    return job_read(service.set_priority(session, user, service.get_job(session, job_id),
-                                         body.priority))
+    return typed(job_read(service.set_priority(session, user, service.get_job(session, job_id),
+                                               body.priority)))
 
 
-@router.post("/{job_id}/hold")
+@router.post("/{job_id}/hold", response_model=JobRead)
 def hold(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return job_read(service.set_hold(session, user, service.get_job(session, job_id), True))
+    return typed(job_read(service.set_hold(session, user, service.get_job(session, job_id), True)))
 
 
-@router.post("/{job_id}/release")
+@router.post("/{job_id}/release", response_model=JobRead)
 def release(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return job_read(service.set_hold(session, user, service.get_job(session, job_id), False))
+    return typed(job_read(service.set_hold(session, user, service.get_job(session, job_id),
+                                           False)))
 
 
 def _event_dict(ev) -> dict:

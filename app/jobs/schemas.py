@@ -32,7 +32,16 @@ class JobCreate(BaseModel):
     force: bool = False
 
 
+class ReadModel(BaseModel):
+    """A response body as the API sends it (documentation in /openapi.json; the handlers
+    build the body, app/core/reads.py). `forbid`: tests/service/test_reads.py validates real
+    bodies against these, so a key the model does not document fails a test."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class Progress(BaseModel):
+    model_config = ConfigDict(extra="allow")  # stages may report more (bytes, tokens/s, ...)
     stage: str | None = None
     done: float | None = None
     total: float | None = None
@@ -41,18 +50,20 @@ class Progress(BaseModel):
     eta_s: float | None = None
 
 
-class GpuRef(BaseModel):
+class GpuRef(ReadModel):
     node: str
     index: int
 
 
 class ErrorInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
     code: str
     message: str
+    details: Any = None
     log_tail: str | None = None
 
 
-class JobRead(BaseModel):
+class JobRead(ReadModel):
     id: str
     type: str
     name: str | None
@@ -77,6 +88,13 @@ class JobRead(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     run_id: str | None
+    run_stage: str | None
+
+
+class JobList(ReadModel):
+    data: list[JobRead]
+    has_more: bool
+    next_after: str | None
 
 
 class PriorityUpdate(BaseModel):

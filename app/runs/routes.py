@@ -8,16 +8,17 @@ from app.core.auth import Principal, current_user
 from app.core.db import request_session
 from app.core.idempotency import idempotent, replay
 from app.core.pagination import Page, list_body, page_params, paginate
+from app.core.reads import typed
 from app.models import Run
 from app.plans.service import plan_or_refuse
 from app.runs import service
-from app.runs.schemas import RunCreate
+from app.runs.schemas import RunCreate, RunCreated, RunList, RunRead
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 DB = Depends(request_session, scope="function")
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, response_model=RunCreated)
 def create_run(body: RunCreate, user: Principal = Depends(current_user), session: Session = DB,
                idempotency_key: str | None = Header(None)):
     request = body.model_dump(mode="json")
@@ -37,25 +38,25 @@ def create_run(body: RunCreate, user: Principal = Depends(current_user), session
     return idempotent(session, user, idempotency_key, request, make)
 
 
-@router.get("")
+@router.get("", response_model=RunList)
 def list_runs(page: Page = Depends(page_params), user: Principal = Depends(current_user),
               session: Session = DB):
     rows, more, nxt = paginate(session, select(Run), Run.id, page)
-    return list_body([service.run_read(session, r) for r in rows], more, nxt)
+    return typed(list_body(service.runs_read(session, rows), more, nxt))
 
 
-@router.get("/{run_id}")
+@router.get("/{run_id}", response_model=RunRead)
 def get_run(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return service.run_read(session, service.get_run(session, run_id))
+    return typed(service.run_read(session, service.get_run(session, run_id)))
 
 
-@router.post("/{run_id}/cancel")
+@router.post("/{run_id}/cancel", response_model=RunRead)
 def cancel_run(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
     run = service.cancel_run(session, user, service.get_run(session, run_id))
-    return service.run_read(session, run)
+    return typed(service.run_read(session, run))
 
 
-@router.post("/{run_id}/retry")
+@router.post("/{run_id}/retry", response_model=RunRead)
 def retry_run(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
     run = service.retry_run(session, user, service.get_run(session, run_id))
-    return service.run_read(session, run)
+    return typed(service.run_read(session, run))

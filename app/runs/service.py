@@ -66,9 +66,12 @@ def create_run(session: Session, user: Principal, body: RunSpec,
     return run
 
 
-def run_jobs(session: Session, run_id: str) -> list[Job]:
-    js = list(session.scalars(select(Job).where(Job.run_id == run_id)))
+def _in_order(js: list[Job]) -> list[Job]:
     return sorted(js, key=lambda j: STAGE_ORDER.index(j.run_stage) if j.run_stage in STAGE_ORDER else 99)
+
+
+def run_jobs(session: Session, run_id: str) -> list[Job]:
+    return _in_order(list(session.scalars(select(Job).where(Job.run_id == run_id))))
 
 
 def overall_status(statuses: list[str]) -> str:
@@ -144,10 +147,25 @@ def retry_run(session: Session, user: Principal, run: Run) -> Run:
 
 
 def run_read(session: Session, run: Run) -> dict:
-    js = run_jobs(session, run.id)
-    return {"id": run.id, "name": run.name, "owner": run.owner_id, "status": run.status,
-            "spec": run.spec, "jobs": jobs_read(session, js),
+    return runs_read(session, [run])[0]
+
+
+def runs_read(session: Session, runs: list[Run]) -> list[dict]:
+    """Runs with their jobs: one query for all the runs' jobs and one for their GPUs, however
+    many runs (GET /v1/runs made two per run)."""
+    by_run: dict[str, list[Job]] = {r.id: [] for r in runs}
+    if runs:
+        for j in session.scalars(select(Job).where(Job.run_id.in_(list(by_run)))):
+            by_run[str(j.run_id)].append(j)
+    reads = iter(jobs_read(session, [j for r in runs for j in _in_order(by_run[r.id])]))
+    out = []
+    for run in runs:
+        js = _in_order(by_run[run.id])
+        out.append({
+            "id": run.id, "name": run.name, "owner": run.owner_id, "status": run.status,
+            "spec": run.spec, "jobs": [next(reads) for _ in js],
             "stages": {j.run_stage: {"job_id": j.id, "status": j.status, "progress": j.progress,
                                      "reused_from": j.reused_from, "error": j.error}
                        for j in js},
-            "report": run.report, "created_at": run.created_at, "finished_at": run.finished_at}
+            "report": run.report, "created_at": run.created_at, "finished_at": run.finished_at})
+    return out

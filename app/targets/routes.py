@@ -11,8 +11,10 @@ from app.core.auth import Principal, current_user
 from app.core.db import request_session
 from app.core.idempotency import idempotent
 from app.core.pagination import Page, list_body, page_params, paginate
+from app.core.reads import typed
 from app.models import Target
 from app.targets import service
+from app.targets.schemas import TargetList, TargetRead
 
 router = APIRouter(prefix="/v1/targets", tags=["targets"])
 DB = Depends(request_session, scope="function")
@@ -27,20 +29,20 @@ class TargetCreate(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, response_model=TargetRead)
 def create_target(body: TargetCreate, user: Principal = Depends(current_user),
                   session: Session = DB, idempotency_key: str | None = Header(None)):
     return idempotent(session, user, idempotency_key, body.model_dump(),
                       lambda: service.target_read(service.create_target(session, user, body)))
 
 
-@router.get("")
+@router.get("", response_model=TargetList)
 def list_targets(page: Page = Depends(page_params), user: Principal = Depends(current_user),
                  session: Session = DB):
     rows, more, nxt = paginate(session, select(Target), Target.id, page)
-    return list_body([service.target_read(t) for t in rows], more, nxt)
+    return typed(list_body([service.target_read(t) for t in rows], more, nxt))
 
 
-@router.get("/{target_id}")
+@router.get("/{target_id}", response_model=TargetRead)
 def get_target(target_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return service.target_read(service.get_target(session, target_id))
+    return typed(service.target_read(service.get_target(session, target_id)))

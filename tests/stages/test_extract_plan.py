@@ -13,7 +13,6 @@ from workers.stages.extract.planner import (
     check_disk,
     disk_check,
     estimate_hidden_state_bytes,
-    plan_extract,
 )
 
 QWEN3_8B = {"num_hidden_layers": 36, "hidden_size": 4096}
@@ -75,13 +74,14 @@ def test_planner_bytes_and_message():
     assert disk_check(1, ".", margin=0).free_bytes > 0
 
 
-def test_plan_extract_numbers_for_plans_endpoint():
-    p = plan_extract([100, 50, 7], QWEN3_8B, drafter_type="dflash", max_samples=2)
-    assert p["samples"] == 2 and p["tokens"] == 150 and p["num_layers_stored"] == 6
-    assert p["theoretical_min_bytes"] == 150 * (6 * 4096 * 2 + 8)
-    assert p["hidden_state_bytes"] == p["theoretical_min_bytes"] + 2 * 256
+def test_hidden_state_bytes_for_the_plan():
+    lp = resolve_layers(QWEN3_8B, "dflash", None)
+    assert lp.num_stored == 6 and lp.hidden_size == 4096
+    least = estimate_hidden_state_bytes(150, lp.num_stored, lp.hidden_size, "bfloat16")
+    assert least == 150 * (6 * 4096 * 2 + 8)
+    assert estimate_hidden_state_bytes(150, 6, 4096, "bfloat16", 2) == least + 2 * 256
     with pytest.raises(StageError, match=r"\[0, 35\]"):
-        plan_extract([10], QWEN3_8B, layer_ids=[40])
+        resolve_layers(QWEN3_8B, "dflash", [40])
 
 
 def test_batches_respect_budget_and_cover_every_sample_once():

@@ -15,9 +15,8 @@ from workers.stages.extract.planner import (
     check_disk,
     disk_check,
     estimate_hidden_state_bytes,
-    plan_extract,
 )
 from workers.stages.extract.stage import run
 
 __all__ = ["check_disk", "default_layer_ids", "disk_check", "estimate_hidden_state_bytes",
-           "plan_extract", "resolve_layers", "run"]
+           "resolve_layers", "run"]

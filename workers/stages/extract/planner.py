@@ -2,8 +2,9 @@
 
 Offline hidden states cost hidden_size x layers x dtype-size bytes per token (about 40 KiB
 per token for Qwen3-8B with 5 layers), so a run over a real data set is easily tens of TB.
-The extract stage calls `check_disk` before it writes anything; `POST /v1/plans` calls
-`plan_extract` + `disk_check` for the same numbers without raising.
+The extract stage calls `check_disk` before it writes anything; the plan stage (`POST
+/v1/plans`) calls `estimate_hidden_state_bytes` + `disk_check` for the same numbers without
+raising.
 
 Pure: no torch, no I/O except `shutil.disk_usage`.
 """
@@ -18,7 +19,6 @@ from typing import Any
 
 from contracts.extract import DEFAULT_MARGIN_BYTES  # noqa: F401  (re-exported)
 from workers.stages.common import StageError
-from workers.stages.extract.layers import resolve_layers
 
 DTYPE_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4}
 TOKEN_ID_BYTES = 8            # token ids are stored as int64, as speculators compares them
@@ -103,25 +103,3 @@ def check_disk(bytes_needed: int, path: str | os.PathLike, margin: int = DEFAULT
                                   "margin_bytes": c.margin_bytes, "path": c.path,
                                   "options": ["fewer samples", "online mode", "another volume"]})
     return c
-
-
-def plan_extract(seq_lens: list[int], target_config: dict[str, Any], *,
-                 drafter_type: str = "dflash", layer_ids: list[int] | None = None,
-                 dtype: str = "bfloat16", max_samples: int | None = None) -> dict[str, Any]:
-    """The numbers `POST /v1/plans` shows for an extract step (raises StageError on bad
-    layer ids, with the valid range): tokens, stored layers and bytes."""
-    lens = seq_lens[:max_samples] if max_samples is not None else seq_lens
-    plan = resolve_layers(target_config, drafter_type, layer_ids)
-    tokens = int(sum(lens))
-    return {
-        "samples": len(lens),
-        "tokens": tokens,
-        "layer_ids": list(plan.aux),
-        "num_layers_stored": plan.num_stored,
-        "hidden_size": plan.hidden_size,
-        "dtype": dtype,
-        "hidden_state_bytes": estimate_hidden_state_bytes(tokens, plan.num_stored,
-                                                          plan.hidden_size, dtype, len(lens)),
-        "theoretical_min_bytes": estimate_hidden_state_bytes(tokens, plan.num_stored,
-                                                             plan.hidden_size, dtype),
-    }
