@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.stages.common import StageError
-from workers.stages.extract.layers import resolve_layers
+from workers.stages.extract.layers import resolve_layers, validate_layer_ids
 from workers.stages.train.params import TrainParams
 
 ATTENTION_IMPLS = {"sdpa": "sdpa", "eager": "eager", "flex": "simple_flex_attention"}
@@ -150,7 +150,7 @@ def _offline_layers(hs_path: str, meta: dict, requested: list[int] | None, n_lay
     _need(not absent, "invalid_params", f"drafter.target_layer_ids {absent} are not in the "
           f"hidden_states artifact (it holds {stored}); extract them or choose a subset",
           field="drafter.target_layer_ids", available=stored)
-    _need(max(want) < n_layers, "invalid_params", f"target_layer_ids must be < {n_layers}")
+    validate_layer_ids(want, n_layers, field="drafter.target_layer_ids")  # the one rule
     return want, (None if want == stored else [stored.index(i) for i in want])
 
 
