@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.stages.common import StageError
+from workers.stages.extract.layers import text_config
 
 SUPPORTED = ("dflash", "eagle3")
 
@@ -103,11 +104,6 @@ def read_drafter(path: Path | str) -> DrafterSpec:
         t2d_len=(shapes.get("t2d") or [None])[0], d2t_len=(shapes.get("d2t") or [None])[0],
         verifier=(spec_cfg.get("verifier") or {}).get("name_or_path"),
     )
-
-
-def text_config(target_config: dict) -> dict:
-    """The language-model part of a target config (multimodal configs nest it)."""
-    return target_config.get("text_config") or target_config
 
 
 def check_fit(d: DrafterSpec, target_config: dict, label: str = "drafter") -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.stages.common import StageError
-from workers.stages.extract.layers import resolve_layers, validate_layer_ids
+from workers.stages.extract.layers import resolve_layers, text_config, validate_layer_ids
 from workers.stages.train.params import TrainParams
 
 ATTENTION_IMPLS = {"sdpa": "sdpa", "eager": "eager", "flex": "simple_flex_attention"}
@@ -64,11 +64,6 @@ class TrainJob:
         return cls(**d)
 
 
-def _text_config(cfg: dict) -> dict:
-    inner = cfg.get("text_config")
-    return inner if isinstance(inner, dict) and "num_hidden_layers" in inner else cfg
-
-
 def _need(cond: bool, code: str, message: str, **details: Any) -> None:
     if not cond:
         raise StageError(code, message, details or None)
@@ -84,7 +79,7 @@ def _target(spec: dict) -> tuple[str, str, dict]:
         cfg_file = Path(path) / "config.json"
         _need(cfg_file.is_file(), "invalid_input", f"target {path} has no config.json")
         cfg = json.loads(cfg_file.read_text())
-    return path, str(t.get("tokenizer_path") or path), _text_config(cfg)
+    return path, str(t.get("tokenizer_path") or path), text_config(cfg)
 
 
 def _tokenized(spec: dict) -> tuple[str, int, list[int], int]:
