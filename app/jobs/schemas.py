@@ -49,6 +49,9 @@ class GpuRef(BaseModel):
 class ErrorInfo(BaseModel):
     code: str
     message: str
+    # What the stage attached, e.g. a failure budget's counts, failed_sample and
+    # failures_file (issue 18): without it the error names no record.
+    details: Any = None
     log_tail: str | None = None
 
 
