@@ -156,20 +156,27 @@ def test_hybrid_whole_run_larger(api, worker, home, hybrid):
 
 def test_generate_over_budget_names_records_reasons_and_messages(api, worker, home, hybrid):
     """3 of 22 records unrenderable > max_failure_share 0.1 (the issue's case): the plan
-    warns, and a forced run fails in generate with the failed ids, lines, reasons and
-    messages."""
+    warns; generate, forced through, fails naming the failed ids, lines, reasons and
+    messages, in the job's error and in what `draftyard submit --follow` prints."""
+    from tests.service.test_cli import cli
+
     ds = _dataset(api, home, "hybrid-broken", _records(good=19, broken=3))
     body = {**_body(hybrid, ds, steps=2, max_tokens=8, prompts=1), "name": "over-budget"}
     plan = api.post("/v1/plans", body, timeout=180).json()
     assert any("3 of 22 sampled records (14%) cannot be rendered, more than generate's "
                "max_failure_share=0.1" in w for w in plan["warnings"]), plan["warnings"]
-    run = api.post("/v1/runs", body, timeout=180)
-    assert run.status_code == 201, run.text
-    gen = next(j for j in run.json()["jobs"] if j["run_stage"] == "generate")
-    j = api.wait_job(gen["id"], timeout=300)
+    params = {**body["stages"]["generate"], "chat_template_kwargs": {"enable_thinking": False}}
+    r = cli(api, "submit", "generate", "--follow", "--params", json.dumps(params),
+            "--inputs", json.dumps({"dataset": ds["id"], "target": hybrid["id"]}))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "too_many_failures: 3 of 22 records failed" in r.stdout, r.stdout
+    line = next(x for x in r.stdout.splitlines() if "record bad-late-system line 20" in x)
+    assert "template_error: " in line and LATE_SYSTEM in line, r.stdout
+    assert "full list: " in r.stdout
+    job_id = r.stdout.split("submitted ")[1].split()[0]
+    j = api.job(job_id)
     assert j["status"] == "failed" and j["error"]["code"] == "too_many_failures", j["error"]
     err = j["error"]
-    assert "3 of 22 records failed" in err["message"]
     assert "bad-no-user (template_error)" in err["message"]
     d = err["details"]
     assert d["failed_by_reason"] == {"template_error": 3}
@@ -181,5 +188,4 @@ def test_generate_over_budget_names_records_reasons_and_messages(api, worker, ho
     # The full list is in the job's folder, kept although the job failed.
     listed = [json.loads(x) for x in open(d["failures_file"], encoding="utf-8")]
     assert sorted(f["id"] for f in listed) == ["bad-late-system", "bad-no-user", "bad-no-user-2"]
-    assert d["failures_file"].startswith(str(home))
-    api.post(f"/v1/runs/{run.json()['id']}/cancel")
+    assert d["failures_file"].startswith(str(home / "jobs" / job_id))
