@@ -135,23 +135,24 @@ def _check_trained_beats_untrained(api, final: dict) -> dict:
     return rep
 
 
-def test_hybrid_whole_run_trained_beats_untrained(api, worker, home, hybrid):
-    final, took = _whole_run(api, home, hybrid, "hybrid-short", steps=60, max_tokens=32,
-                             prompts=8)
+def _trained_beats_untrained(api, home, hybrid, name: str, **size) -> None:
+    final, took = _whole_run(api, home, hybrid, name, **size)
     rep = _check_trained_beats_untrained(api, final)
-    print(f"\nhybrid whole run: tau {rep['tau']:.3f} vs untrained {rep['tau_baseline']:.3f}, "
-          f"tau_sim {rep['tau_sim']:.3f}, oov share {rep['oov_share']}, {took:.0f} s")
+    print(f"\n{name}: tau {rep['tau']:.3f} vs untrained {rep['tau_baseline']:.3f}, tau_sim "
+          f"{rep['tau_sim']:.3f}, oov share {rep['oov_share']}, run {took:.0f} s")
+
+
+def test_hybrid_whole_run_trained_beats_untrained(api, worker, home, hybrid):
+    _trained_beats_untrained(api, home, hybrid, "hybrid-short", steps=60, max_tokens=32,
+                             prompts=8)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_hybrid_whole_run_larger(api, worker, home, hybrid):
     """More training steps, longer answers, more held-out prompts."""
-    final, took = _whole_run(api, home, hybrid, "hybrid-long", steps=240, max_tokens=96,
+    _trained_beats_untrained(api, home, hybrid, "hybrid-long", steps=240, max_tokens=96,
                              prompts=20)
-    rep = _check_trained_beats_untrained(api, final)
-    print(f"\nhybrid whole run (slow): tau {rep['tau']:.3f} vs untrained "
-          f"{rep['tau_baseline']:.3f}, tau_sim {rep['tau_sim']:.3f}, {took:.0f} s")
 
 
 def test_generate_over_budget_names_records_reasons_and_messages(api, worker, home, hybrid):
