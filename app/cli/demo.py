@@ -127,10 +127,10 @@ def print_report(c: Client, run: dict) -> dict:
     if rep:
         console.print("\nacceptance (greedy speculative decoding on held-out prompts; tau = "
                       "tokens per target forward):")
+        console.print(f"  verdict: {rep.get('verdict')} ({rep.get('verdict_reason')})")
         console.print(f"  trained drafter:   tau {num(rep.get('tau'))}  "
                       f"(tau_sim {num(rep.get('tau_sim'))})")
         console.print(f"  untrained drafter: tau {num(rep.get('tau_baseline'))}")
-        console.print(f"  verdict: {rep.get('verdict')}")
         drafter = next((j for j in run["jobs"] if j["run_stage"] == "train"), None)
         if drafter and drafter["outputs"]:
             meta = c.get(f"/v1/artifacts/{drafter['outputs'][0]}")["meta"]

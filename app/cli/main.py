@@ -13,7 +13,7 @@ import typer
 
 from app.cli import runs as _runs
 from app.cli.client import ApiFailure, Client
-from app.cli.view import console, fail, follow_jobs, jobs_table
+from app.cli.view import console, fail, follow_jobs, jobs_table, print_failures
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="draftyard: train speculative-decoding drafters as a shared service")
@@ -109,6 +109,7 @@ def _print_final(job: dict) -> None:
     console.print(f"{job['id']}: [{color}]{job['status']}[/{color}]")
     if job.get("error"):
         console.print(f"  {job['error'].get('code')}: {job['error'].get('message')}")
+    print_failures(job)
     if job.get("outputs"):
         console.print(f"  outputs: {', '.join(job['outputs'])}")
 

@@ -19,7 +19,7 @@ import typer
 from rich.table import Table
 
 from app.cli.client import ApiFailure, Client
-from app.cli.view import TERMINAL, console, fail, follow_jobs, num
+from app.cli.view import TERMINAL, console, fail, follow_jobs, num, print_failures, verdict_line
 
 
 def _body(path: Path) -> dict:
@@ -51,15 +51,15 @@ def print_plan(plan: dict, seconds: float | None = None, log=console.print) -> N
 def print_run_report(c: Client, run: dict) -> None:
     color = {"succeeded": "green", "failed": "red"}.get(run["status"], "yellow")
     console.print(f"\nrun {run['id']}: [{color}]{run['status']}[/{color}]")
+    rep = run.get("report") or {}
+    if rep:  # the pipeline may have worked (succeeded) while the drafter is rejected
+        console.print(verdict_line(rep))
     for j in run["jobs"]:
         extra = f"  {j['error']['code']}: {j['error']['message']}" if j.get("error") else ""
         reused = f" (reused {j['reused_from']})" if j.get("reused_from") else ""
         console.print(f"  {j['run_stage']:<9} {j['id']} {j['status']:<10}"
                       f"{', '.join(j['outputs']) or '-'}{reused}{extra}")
-    rep = run.get("report") or {}
-    if rep:
-        console.print(f"  tau {num(rep.get('tau'))} (tau_sim {num(rep.get('tau_sim'))}), "
-                      f"untrained {num(rep.get('tau_baseline'))}; verdict {rep.get('verdict')}")
+        print_failures(j, indent="      ")
 
 
 def register(cli: typer.Typer) -> None:
@@ -116,13 +116,15 @@ def register(cli: typer.Typer) -> None:
         except ApiFailure as e:
             fail(e)
         t = Table(title="runs")
-        for col in ("id", "name", "status", "stages", "tau (untrained)"):
+        for col in ("verdict", "id", "name", "status", "stages", "tau (untrained)"):
             t.add_column(col)
         for r in page["data"]:
             stages = " ".join(f"{j['run_stage']}:{j['status']}" for j in r["jobs"])
             rep = r.get("report") or {}
             tau = f"{num(rep.get('tau'))} ({num(rep.get('tau_baseline'))})" if rep else ""
-            t.add_row(r["id"], r["name"], r["status"], stages, tau)
+            v = rep.get("verdict") or ""
+            t.add_row(f"[{'green' if v == 'accept' else 'red'}]{v}[/]" if v else "", r["id"],
+                      r["name"], r["status"], stages, tau)
         console.print(t)
 
     @cli.command()

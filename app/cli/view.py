@@ -25,6 +25,36 @@ def num(x) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) else "-"
 
 
+def print_failures(job: dict, indent: str = "  ", log=None) -> None:
+    """The records a job dropped, by id, input line, reason and message (issue 18): from its
+    error's details when it stopped on its failure budget, else from its summary."""
+    log = log or console.print
+    details = (job.get("error") or {}).get("details")
+    src = details if isinstance(details, dict) and "failed_sample" in details else \
+        (job.get("metrics_summary") or {})
+    sample = src.get("failed_sample") or []
+    for f in sample:
+        line = f" line {f['line']}" if f.get("line") is not None else ""
+        log(f"{indent}record {f.get('id')}{line}: {f.get('reason')}: {f.get('message') or ''}",
+            markup=False, highlight=False)
+    total = src.get("num_failed") or src.get("num_rejected")
+    if sample and isinstance(total, int) and total > len(sample):
+        log(f"{indent}... {total - len(sample)} more", markup=False)
+    if sample and src.get("failures_file"):
+        log(f"{indent}full list: {src['failures_file']}", markup=False)
+
+
+def verdict_line(rep: dict) -> str:
+    """The verdict first, then the numbers it rests on."""
+    v = rep.get("verdict")
+    color = "green" if v == "accept" else "red"
+    oov = rep.get("oov_share")
+    oov_s = f"; {oov:.0%} of reference tokens outside the draft vocabulary" if oov else ""
+    return (f"verdict [{color}]{v}[/{color}]: {rep.get('verdict_reason') or ''}\n"
+            f"  tau {num(rep.get('tau'))} (tau_sim {num(rep.get('tau_sim'))}), untrained "
+            f"{num(rep.get('tau_baseline'))}{oov_s}")
+
+
 def jobs_table(jobs: list[dict], title: str = "jobs") -> Table:
     t = Table(title=title)
     for c in ("id", "type", "status", "owner", "gpus", "progress", "reason / error"):

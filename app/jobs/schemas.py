@@ -59,6 +59,8 @@ class ErrorInfo(BaseModel):
     model_config = ConfigDict(extra="allow")
     code: str
     message: str
+    # What the stage attached, e.g. a failure budget's counts, failed_sample and
+    # failures_file (issue 18): without it the error names no record.
     details: Any = None
     log_tail: str | None = None
 

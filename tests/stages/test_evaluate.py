@@ -285,9 +285,14 @@ def test_stage_writes_report_plot_and_rejects_below_min_tau(tiny_target, dflash_
     assert report["chat_template_kwargs"] == {"enable_thinking": False}
     assert len(report["chat_template_sha256"]) == 64
     assert report["verdict"] == "reject" and "below min_tau 1.5" in report["verdict_reason"]
+    diag = report["diagnostics"]
+    assert diag["acceptance_rate_per_position"] == report["acceptance_rate_per_position"]
     assert summary == {"tau": report["tau"], "tau_sim": report["tau_sim"],
                        "tau_baseline": report["baseline"]["tau"],
-                       "tau_sim_baseline": report["baseline"]["tau_sim"], "verdict": "reject"}
+                       "tau_sim_baseline": report["baseline"]["tau_sim"], "verdict": "reject",
+                       "verdict_reason": report["verdict_reason"],
+                       "oov_share": diag["draft_vocab"]["oov_share"],
+                       "acceptance_rate_per_position": report["acceptance_rate_per_position"]}
     art = [ev["data"] for ev in _events(tmp_path) if ev["kind"] == "artifact"]
     assert art and art[0]["kind"] == "eval_report" and art[0]["path"] == "report"
 
@@ -317,3 +322,44 @@ def test_tokenized_rows_with_eagle3_and_given_baseline(tiny_target, eagle_dir, d
     assert report["baseline"]["kind"] == "drafter"
     assert report["baseline"]["lossless"]["equal"] == 2
     assert len(report["baseline"]["acceptance_rate_per_position"]) == 7
+
+
+def test_no_better_than_untrained_is_rejected_by_default_naming_the_oov_share(
+        tiny_target, tmp_path):
+    """Default params (min_tau 1.5, min_gain 0.2): a drafter whose draft vocabulary misses
+    the target's answers is rejected, and the reason names the numbers and the cause."""
+    from transformers import AutoTokenizer
+
+    from workers.stages.evaluate.data import prompts_from_dataset
+
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    model = load_target(tiny_target)
+    data = _dataset(tmp_path / "ds", n=3)
+    # The prompts evaluate will use, and the target's answers to them (its references).
+    prompts, _ = prompts_from_dataset(data["path"], tok, tok.chat_template,
+                                      {"enable_thinking": False}, 3, 0)
+    answers = [hf_greedy(model, q, 12, eos_ids(model, tok)) for q in prompts]
+    answer_ids = {t for a in answers for t in a}
+    # A draft vocabulary of 256 tokens the answers never use: nothing can be drafted.
+    unused = [t for t in range(1000, 5000) if t not in answer_ids][:256]
+    rows = [([t], [1]) for t in unused]
+    out = tmp_path / "oov_drafter"
+    make_drafter(tiny_target, "dflash", rows=rows, draft_vocab=256).save_pretrained(out)
+    spec = _spec(tmp_path, tiny_target, out, data,
+                 {"num_prompts": 3, "max_new_tokens": 12,
+                  "chat_template_kwargs": {"enable_thinking": False}})
+    summary = run(spec, StageContext.from_spec(spec))
+    report = json.loads((tmp_path / "out" / "report" / "report.json").read_text())
+    assert report["params"]["min_tau"] == 1.5 and report["params"]["min_gain"] == 0.2
+    cov = report["diagnostics"]["draft_vocab"]
+    assert cov["draft_vocab_size"] == 256 and cov["oov_share"] == 1.0
+    assert cov["reference_tokens"] == sum(len(a) for a in answers) > 0
+    assert report["tau"] == pytest.approx(1.0)
+    assert report["diagnostics"]["acceptance_rate_per_position"] == [0.0] * 7
+    reason = report["verdict_reason"]
+    assert summary["verdict"] == "reject" and summary["oov_share"] == 1.0
+    assert "tau 1.000 (greedy speculative decoding) is below min_tau 1.5" in reason
+    assert "untrained baseline's tau 1.000 by +0.000" in reason and "min_gain 0.2" in reason
+    assert "100% of the" in reason and "256-token draft vocabulary" in reason
+    assert "likely cause" in reason
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -241,6 +242,20 @@ def test_failures_are_recorded_and_budgeted(tiny_target, tmp_path):
     with pytest.raises(StageError) as e:
         run_stage(spec)
     assert e.value.code == "too_many_failures"
+    # The error names the records, their input lines, reasons and messages (issue 18) ...
+    d = e.value.details
+    assert d["num_failed"] == 2 and d["failed"] == 2 and d["total"] == 4
+    assert d["failed_by_reason"] == {"prompt_too_long": 1, "nothing_to_generate": 1}
+    by_id = {f["id"]: f for f in d["failed_sample"]}
+    assert (by_id["long"]["line"], by_id["long"]["reason"]) == (9, "prompt_too_long")
+    assert "> limit 64" in by_id["long"]["message"]
+    assert (by_id["sys_only"]["line"], by_id["sys_only"]["reason"]) == (10, "nothing_to_generate")
+    assert "no assistant turn to answer" in by_id["sys_only"]["message"]
+    assert "long (prompt_too_long)" in e.value.message
+    # ... and the full list stays in the job's folder although the job failed.
+    listed = [json.loads(x) for x in Path(d["failures_file"]).read_text().splitlines()]
+    assert Path(d["failures_file"]).is_relative_to(spec["work_dir"])
+    assert {f["id"] for f in listed} == {"long", "sys_only"}
 
 
 def test_invalid_params_and_inputs(tiny_target, tmp_path):
@@ -271,7 +286,7 @@ def test_qwen36_hybrid_target_thinking_template(tiny_target_q35, tmp_path):
     out, toks, fails, meta = read_output(spec)
     # The 3.6 template refuses a late system turn: a per-record failure, not a crash.
     assert [(f["id"], f["reason"]) for f in fails] == [("late_sys", "template_error")]
-    assert "System message must be at the beginning" in fails[0]["detail"]
+    assert "System message must be at the beginning" in fails[0]["message"]
     think_open = tok("<|im_start|>assistant\n<think>\n", add_special_tokens=False)["input_ids"]
     for (rid, turn), t in toks.items():
         assert t["prompt_ids"][-len(think_open):] == think_open

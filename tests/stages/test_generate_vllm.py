@@ -260,7 +260,7 @@ def test_stage_records_per_request_failures(tiny_target, tokenizer, tmp_path, mo
     out, _, fails, meta = read_output(spec)
     assert list(out) == ["u1"] and [(f["id"], f["reason"]) for f in fails] == \
         [("m1", "prompt_too_long")]
-    assert "maximum context length" in fails[0]["detail"]
+    assert "maximum context length" in fails[0]["message"]
     assert wait_gone(json.loads((tmp_path / "rec.json").read_text())["pid"])
 
 

@@ -94,7 +94,7 @@ def test_end_to_end_on_the_hybrid_target(tmp_path, tiny_target_q35, templates_di
     assert "<|im_end|>" in meta["end_tokens"]
 
     rejects = [json.loads(x) for x in (folder / "rejects.jsonl").read_text().splitlines()]
-    assert [(r["id"], r["reason"], r["detail"]) for r in rejects] == [
+    assert [(r["id"], r["reason"], r["message"]) for r in rejects] == [
         ("prompt_only", "needs_generate", "no assistant answer in the record"),
         ("no_user", "template_error", "No user query found in messages."),
         ("late_sys", "template_error", "System message must be at the beginning."),
@@ -231,7 +231,13 @@ def test_job_level_failures(tmp_path, small_target, templates_dir):
     with pytest.raises(StageError) as e:
         run_spec(spec_for(tmp_path / "b", target, prompts + records()[:2], num_workers=1))
     assert e.value.code == "too_many_rejects"
-    assert e.value.details["rejected_by_reason"] == {"needs_generate": 4}
+    d = e.value.details
+    assert d["rejected_by_reason"] == {"needs_generate": 4}
+    # The rejected records by id with their message, and the full list in the job folder.
+    assert [(f["id"], f["reason"], f["message"]) for f in d["failed_sample"]] == [
+        (f"p{i}", "needs_generate", "no assistant answer in the record") for i in range(4)]
+    assert "p0 (needs_generate)" in e.value.message
+    assert len(Path(d["failures_file"]).read_text().splitlines()) == 4
     with pytest.raises(StageError) as e:
         run_spec(spec_for(tmp_path / "e", target, prompts, num_workers=1, max_reject_share=1.0))
     assert e.value.code == "empty_output" and "needs_generate" in e.value.message

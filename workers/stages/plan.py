@@ -30,6 +30,7 @@ from workers.stages.prepare import resolve_setup
 from workers.stages.prepare.masks import RecordRejected, build_masker
 from workers.stages.prepare.params import parse_params as prepare_p
 from workers.stages.train.params import parse_params as train_p
+from workers.stages.failures import source_line
 from workers.stages.records import count_records, iter_records
 
 # Stands in for the target's answer when the run regenerates answers: the dry run checks that
@@ -161,6 +162,7 @@ def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, di
             reasons[e.code] += 1
             if len(plan.failures) < 50:
                 plan.failures.append({"id": rec["id"], "source": rec.get("source"),
+                                      "line": source_line(rec.get("source")),
                                       "reason": reason})
         ctx.progress(n, sample, "records", stage="plan")
     bad = len(plan.failures) and sum(reasons.values())
@@ -169,6 +171,8 @@ def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, di
                f"{bad} of {n} sampled records fail: " +
                "; ".join(f"{k} x{v}" for k, v in reasons.most_common(5)),
                failed=int(bad), sampled=n)
+    if bad:
+        _budget_warning(plan, parsed, int(bad), n)
     if lengths:
         arr = np.asarray(lengths)
         pct = {f"p{q}": int(np.percentile(arr, q)) for q in (50, 90, 99)} | {"max": int(arr.max())}
@@ -181,6 +185,22 @@ def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, di
             plan.warnings.append(f"{over} sampled records will be truncated to "
                                  f"{prep.seq_length} tokens")
     return lengths
+
+
+def _budget_warning(plan: Plan, parsed: dict, bad: int, n: int) -> None:
+    """Warn when the share of sampled records that fail would exceed the failure budget of
+    the first stage that meets them: `force_plan` would otherwise start a run that stops
+    there (issue 18)."""
+    for stage, field in (("generate", "max_failure_share"), ("prepare", "max_reject_share")):
+        if stage not in parsed:
+            continue
+        budget = getattr(parsed[stage], field)
+        if bad / n > budget:
+            plan.warnings.append(
+                f"{bad} of {n} sampled records ({bad / n:.0%}) cannot be rendered, more than "
+                f"{stage}'s {field}={budget}: the run would stop in {stage} (fix or drop "
+                f"these records, or raise stages.{stage}.{field})")
+        return  # later stages never see the records the first one dropped
 
 
 def _disk(plan: Plan, lengths: list[int], dataset: dict | None, lp, parsed: dict,

@@ -26,8 +26,14 @@ def qwen3_tokenizer_dir() -> Path:
 
 def build_tiny_target(out_dir: Path | str, arch: str = "qwen3", hidden: int = 64,
                       layers: int = 8, intermediate: int = 128, heads: int = 4,
-                      kv_heads: int = 2, seed: int = 0, chat_template: str | None = None) -> Path:
-    """Write a random tiny target (config, safetensors weights, tokenizer) to out_dir."""
+                      kv_heads: int = 2, seed: int = 0, chat_template: str | None = None,
+                      zero_whitespace: bool = False) -> Path:
+    """Write a random tiny target (config, safetensors weights, tokenizer) to out_dir.
+
+    `zero_whitespace`: zero the (tied) embedding rows of whitespace-only tokens. A random
+    hybrid answers greedily with one whitespace token repeated, which generate rightly drops
+    as an empty answer; with those logits at 0 it answers with varied text (FIELD-NOTES).
+    """
     import torch
     from transformers import AutoTokenizer
 
@@ -62,6 +68,11 @@ def build_tiny_target(out_dir: Path | str, arch: str = "qwen3", hidden: int = 64
         model = Qwen3_5ForCausalLM(cfg)
     else:
         raise ValueError(f"unknown tiny arch {arch!r}: qwen3 or qwen3_5")
+    if zero_whitespace:
+        texts = tok.batch_decode([[i] for i in range(vocab)])
+        blank = torch.tensor([i for i, t in enumerate(texts) if not t.strip()])
+        with torch.no_grad():
+            model.get_input_embeddings().weight[blank] = 0.0
     model.generation_config.eos_token_id = common["eos_token_id"]
     model.generation_config.pad_token_id = common["pad_token_id"]
     model.save_pretrained(out, safe_serialization=True)

@@ -11,8 +11,10 @@ output: artifact "report" of kind `eval_report` (out_dir/report: report.json, ac
 
 Measures: `tau_sim` (teacher-forced, cheap), `specdec` (real greedy speculative decoding with
 the transformers backend: ground truth, with a token-for-token check against plain greedy
-output), `vllm` (GPU boxes: vLLM's own spec-decode counters). A tau below `min_tau` gives
-verdict "reject"; the job itself still succeeds.
+output), `vllm` (GPU boxes: vLLM's own spec-decode counters). The verdict is "reject" unless
+tau clears `min_tau` and beats the baseline by `min_gain` (verdict.py); the job itself still
+succeeds. `diagnostics` say why: the share of reference tokens outside the draft vocabulary,
+acceptance per position.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from pathlib import Path
 from workers.stages.common import StageContext, StageError
 from workers.stages.evaluate.drafter import check_fit, read_drafter
 from workers.stages.evaluate.params import (
-    EvalParams,
     parse_params,
     require_input,
     template_mismatch,
     template_sha256,
 )
+from workers.stages.evaluate.verdict import verdict
 
 __all__ = ["run"]
 
@@ -96,31 +98,12 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "tau": report.get("tau"), "tau_sim": report.get("tau_sim"),
         "tau_baseline": (report.get("baseline") or {}).get("tau"),
         "tau_sim_baseline": (report.get("baseline") or {}).get("tau_sim"),
-        "verdict": report["verdict"],
+        "verdict": report["verdict"], "verdict_reason": report["verdict_reason"],
+        "oov_share": report["diagnostics"]["draft_vocab"]["oov_share"],
+        "acceptance_rate_per_position": report["diagnostics"]["acceptance_rate_per_position"],
     }
     ctx.artifact("report", "eval_report", folder,
-                 {**summary, "verdict_reason": report["verdict_reason"],
-                  "drafter": str(drafter_spec.path), "chat_template_kwargs": kwargs,
+                 {**summary, "drafter": str(drafter_spec.path), "chat_template_kwargs": kwargs,
                   "chat_template_sha256": sha})
     return summary
 
-
-def verdict(report: dict, p: EvalParams) -> tuple[str, str]:
-    """Accept or reject on the most faithful tau measured: vLLM, then real greedy, then sim."""
-    measured = [(key, tau) for key, tau in (
-        ("vLLM", (report.get("vllm") or {}).get("tau")),
-        ("greedy speculative decoding", report.get("tau")),
-        ("simulated (teacher-forced)", report.get("tau_sim"))) if tau is not None]
-    if not measured:
-        return "reject", "no acceptance measure produced a value (no usable prompts or rows)"
-    key, tau = measured[0]
-    note = ""
-    lossless = report.get("lossless") or {}
-    if lossless.get("checked") and lossless.get("equal") != lossless.get("checked"):
-        note = (f"; note: {lossless['checked'] - lossless['equal']} of {lossless['checked']} "
-                f"speculative outputs differ from plain greedy output")
-    if p.min_tau is None:
-        return "accept", f"tau {tau:.3f} from {key}; no min_tau threshold set{note}"
-    if tau < p.min_tau:
-        return "reject", f"tau {tau:.3f} from {key} is below min_tau {p.min_tau}{note}"
-    return "accept", f"tau {tau:.3f} from {key} meets min_tau {p.min_tau}{note}"

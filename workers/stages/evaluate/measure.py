@@ -29,6 +29,7 @@ from workers.stages.evaluate.target import (
     load_target,
 )
 from workers.stages.evaluate.tau_sim import teacher_forced_acceptance
+from workers.stages.evaluate.verdict import diagnostics, draft_vocab_coverage
 
 
 class Evaluation:
@@ -158,6 +159,12 @@ class Evaluation:
                 self.proposer.num_spec, prompts, self.p.max_new_tokens, work_dir,
                 port=self.p.vllm_port, extra_args=self.p.vllm_args)
         report["baseline"] = base
+        # The tokens the drafter should have proposed: the target's greedy answers, or the
+        # trained (masked) tokens of the held-out rows.
+        references = refs or [[t for t, m in zip(ids, mask, strict=True) if m]
+                              for ids, mask in rows or []]
+        report["diagnostics"] = diagnostics(
+            report, draft_vocab_coverage(self.draft_model, references, self.tok))
         report["measure_seconds"] = round(time.monotonic() - t0, 2)
         return report
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from workers.stages.common import StageContext, StageError
+from workers.stages.failures import FailureLog
 from workers.stages.generate.backends.base import GenerateBackend, GenRequest, GenResult
 from workers.stages.generate.params import GenerateParams
 from workers.stages.generate.plan import RecordJob, turn_seed
@@ -39,7 +40,7 @@ class RunState:
 class Runner:
     def __init__(self, backend: GenerateBackend, renderer: PromptRenderer,
                  params: GenerateParams, store: ShardStore, ctx: StageContext, state: RunState,
-                 context_len: int | None):
+                 context_len: int | None, failures: FailureLog):
         self.backend = backend
         self.renderer = renderer
         self.p = params
@@ -47,6 +48,7 @@ class Runner:
         self.ctx = ctx
         self.state = state
         self.context_len = context_len
+        self.failures = failures
         limits = [x for x in (params.max_prompt_tokens,
                               context_len - 1 if context_len else None) if x is not None]
         self.prompt_limit = min(limits) if limits else None
@@ -66,7 +68,7 @@ class Runner:
             if not j.positions:
                 j.fail(NOTHING_TO_GENERATE, "no assistant turn to answer (no user turn, or "
                        "the final turn is a tool call)")
-                self._record_done()
+                self._record_done(j)
         while True:
             pending = [j for j in jobs if not j.done]
             if not pending:
@@ -86,12 +88,12 @@ class Runner:
                 text = self.renderer.render(j.history(), tools=j.record.get("tools"))
             except RenderError as e:
                 j.fail(TEMPLATE_ERROR, str(e)[:1000])
-                self._record_done()
+                self._record_done(j)
                 continue
             ids = self.renderer.encode(text)
             if self.prompt_limit is not None and len(ids) > self.prompt_limit:
                 j.fail(PROMPT_TOO_LONG, f"{len(ids)} prompt tokens > limit {self.prompt_limit}")
-                self._record_done()
+                self._record_done(j)
                 continue
             budget = self.p.max_tokens
             if self.context_len:
@@ -126,22 +128,31 @@ class Runner:
                     job.answer(reasoning, content, res.prompt_ids, res.completion_ids,
                                res.finish_reason or "stop")
             if job.done:
-                self._record_done(job.failure is not None)
+                self._record_done(job)
         return handle
 
-    def _record_done(self, failed: bool = True) -> None:
+    def _record_done(self, job: RecordJob) -> None:
         s = self.state
         s.done += 1
-        s.failed += int(failed)
+        if job.failure is not None:
+            s.failed += 1
+            self.failures.add(job.id, job.failure, job.failure_detail, job.record.get("source"))
         self.ctx.progress(s.done, s.total, "records", stage="generate")
         # Stop spending GPU hours once the job cannot meet its failure budget any more.
-        if s.total and s.failed / s.total > self.p.max_failure_share:
-            raise StageError("too_many_failures",
-                             f"{s.failed} of {s.total} records failed, more than "
-                             f"max_failure_share={self.p.max_failure_share}",
-                             {"failed": s.failed, "total": s.total})
+        check_failure_budget(self.failures, s.failed, s.total, self.p.max_failure_share)
 
     def _metric(self) -> None:
         s = self.state
         rate = s.tokens / s.gen_seconds if s.gen_seconds > 0 else 0.0
         self.ctx.metric(s.done, tokens_generated=s.tokens, tokens_per_s=rate)
+
+
+def check_failure_budget(failures: FailureLog, failed: int, total: int, share: float) -> None:
+    """Raise `too_many_failures` naming the failed records (ids, reasons, messages)."""
+    if total and failed / total > share:
+        top = "; ".join(f"{k} x{v}" for k, v in failures.by_reason.most_common(5))
+        raise StageError("too_many_failures",
+                         f"{failed} of {total} records failed, more than "
+                         f"max_failure_share={share} ({top}); first: " +
+                         ", ".join(f"{f['id']} ({f['reason']})" for f in failures.sample[:5]),
+                         failures.summary(failed=failed, total=total))

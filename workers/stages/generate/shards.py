@@ -3,8 +3,8 @@
 Finished records (answered or failed) are written to `work_dir/generate/shards/` in parquet
 shards keyed by record id, each renamed into place when complete, so a killed attempt leaves
 only whole shards. A restart reads the ids of the shards and skips them. The artifact is
-assembled from the shards at the end: `data.parquet` (records.py layout),
-`token_ids.parquet` and `failures.jsonl`.
+assembled from the shards at the end: `data.parquet` (records.py layout) and
+`token_ids.parquet`; the stage's FailureLog (failures.py) lists the failed records.
 
 A fingerprint of what decides the output (input paths, params, backend) is kept beside the
 shards; shards made under another fingerprint are discarded rather than mixed in.
@@ -107,6 +107,15 @@ class ShardStore:
         os.replace(tmp, path)
         return path
 
+    def failed_rows(self) -> Iterator[dict]:
+        """{"id", "source", "failure", "failure_detail"} of the failed records in the shards
+        (an earlier attempt's failures, for the failure list of a resumed one)."""
+        cols = ["id", "source", "failure", "failure_detail"]
+        for p in self.shards():
+            for row in pq.read_table(p, columns=cols).to_pylist():
+                if row["failure"] is not None:
+                    yield row
+
     def iter_rows(self) -> Iterator[dict]:
         for p in self.shards():
             for batch in pq.ParquetFile(p).iter_batches(batch_size=1024):
@@ -133,7 +142,7 @@ class Assembled:
 
 
 def assemble(store: ShardStore, folder: Path | str) -> Assembled:
-    """Write the artifact files from the shards; each id once (the first shard wins)."""
+    """Write the data files from the shards; each id once (the first shard wins)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     out = Assembled()
@@ -149,25 +158,21 @@ def assemble(store: ShardStore, folder: Path | str) -> Assembled:
             tok_buf.clear()
 
     try:
-        with open(folder / FAILURES_FILE, "w", encoding="utf-8") as fails:
-            for row in store.iter_rows():
-                if row["id"] in out.ids:
-                    continue
-                out.ids.add(row["id"])
-                if row["failure"] is not None:
-                    failed[row["failure"]] += 1
-                    fails.write(json.dumps({"id": row["id"], "reason": row["failure"],
-                                            "detail": row["failure_detail"]},
-                                           ensure_ascii=False) + "\n")
-                    continue
-                data.write(from_row(row))
-                for t in row["turns"]:
-                    tok_buf.append({"id": row["id"], **t})
-                    out.tokens_generated += len(t["completion_ids"])
-                    out.prompt_tokens += len(t["prompt_ids"])
-                    finishes[t["finish_reason"]] += 1
-                if len(tok_buf) >= 1024:
-                    flush_tokens()
+        for row in store.iter_rows():
+            if row["id"] in out.ids:
+                continue
+            out.ids.add(row["id"])
+            if row["failure"] is not None:  # listed by the stage's FailureLog
+                failed[row["failure"]] += 1
+                continue
+            data.write(from_row(row))
+            for t in row["turns"]:
+                tok_buf.append({"id": row["id"], **t})
+                out.tokens_generated += len(t["completion_ids"])
+                out.prompt_tokens += len(t["prompt_ids"])
+                finishes[t["finish_reason"]] += 1
+            if len(tok_buf) >= 1024:
+                flush_tokens()
         flush_tokens()
     finally:
         data.close()

@@ -5,8 +5,9 @@
     output  artifact "dataset" (kind dataset): data.parquet (records.py layout, same ids and
             sources, system/user/tool turns kept, answered assistant turns replaced, the
             generated reasoning in `reasoning`), token_ids.parquet (per generated turn: id,
-            turn, prompt_ids, completion_ids, finish_reason), failures.jsonl ({"id",
-            "reason", "detail"}), chat_template.jinja (the template used), meta.json.
+            turn, prompt_ids, completion_ids, finish_reason), failures.jsonl ({"id", "line",
+            "source", "reason", "message"}; also in the job folder, kept when the job fails),
+            chat_template.jinja (the template used), meta.json.
 
 Count in = count out + count failed, checked before the artifact is declared.
 """
@@ -21,10 +22,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from workers.stages.common import StageContext, StageError, write_json_atomic
+from workers.stages.failures import FailureLog
 from workers.stages.generate.backends.base import GenerateBackend, SamplingConfig
 from workers.stages.generate.params import GenerateParams, parse_params
 from workers.stages.generate.render import PromptRenderer
-from workers.stages.generate.runner import Runner, RunState
+from workers.stages.generate.runner import Runner, RunState, check_failure_budget
 from workers.stages.generate.shards import (
     FAILURES_FILE,
     TOKEN_IDS_FILE,
@@ -162,6 +164,9 @@ def run(spec: dict, ctx: StageContext) -> dict:
         ctx.warning("discarded the shards of an earlier attempt with other inputs or params")
     done, failed_before = store.done()
     resumed = len(done)
+    failures = FailureLog(ctx.work_dir / FAILURES_FILE)
+    for row in store.failed_rows():
+        failures.add(row["id"], row["failure"], row["failure_detail"], row["source"])
     state = RunState(total=total, done=resumed, failed=failed_before)
     ctx.progress(resumed, total, "records", stage="generate", force=True)
 
@@ -173,9 +178,10 @@ def run(spec: dict, ctx: StageContext) -> dict:
             todo = ((i, r) for i, r in enumerate(iter_records(ds["path"]))
                     if r["id"] not in done)
             Runner(backend, renderer, p, store, ctx, state,
-                   backend.context_len).run(todo, window)
+                   backend.context_len, failures).run(todo, window)
         finally:
             backend.close()
+            failures.close()
 
     folder = ctx.out_dir / ARTIFACT
     out = assemble(store, folder)
@@ -185,18 +191,19 @@ def run(spec: dict, ctx: StageContext) -> dict:
         raise StageError("internal_error", "the output does not hold every input record once",
                          {"missing": len(expected - out.ids),
                           "unexpected": len(out.ids - expected)})
+    failures.close()
+    failures.copy_to(folder)
     (folder / TEMPLATE_FILE).write_text(renderer.template, encoding="utf-8")
     meta = _meta(p, ds, target, renderer, backend_name, out, state, resumed, t_start)
+    meta["failed_sample"] = failures.sample
     write_json_atomic(folder / "meta.json", meta)
-    if total and out.num_failed / total > p.max_failure_share:
-        raise StageError("too_many_failures",
-                         f"{out.num_failed} of {total} records failed, more than "
-                         f"max_failure_share={p.max_failure_share}", out.failed_by_reason)
+    check_failure_budget(failures, out.num_failed, total, p.max_failure_share)
     ctx.progress(total, total, "records", stage="generate", force=True)
     ctx.metric(total, tokens_generated=out.tokens_generated,
                tokens_per_s=meta["stats"]["tokens_per_s"])
     ctx.artifact(ARTIFACT, "dataset", folder, meta)
     return {"num_records": out.num_records, "num_failed": out.num_failed,
+            "failed_by_reason": out.failed_by_reason, "failed_sample": failures.sample[:5],
             "tokens_generated": out.tokens_generated, "backend": backend_name,
             "tokens_per_s": meta["stats"]["tokens_per_s"], "resumed_records": resumed}
 

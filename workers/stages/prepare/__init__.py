@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from itertools import islice
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from workers.stages.common import StageContext, StageError, write_json_atomic
+from workers.stages.failures import FailureLog
 from workers.stages.prepare.masks import (
     Masker,
     build_masker,
@@ -44,13 +46,14 @@ from workers.stages.prepare.vocab import (
     save_vocab_mapping,
     target_vocab_size,
 )
-from workers.stages.prepare.writer import RejectLog, TokenizedWriter, length_percentiles
+from workers.stages.prepare.writer import TokenizedWriter, length_percentiles
 from workers.stages.records import count_records, iter_records
 
 __all__ = ["run", "tokenize_record", "tokenize_batch", "check_template", "build_masker",
            "RecordRejected", "template_sha256", "resolve_setup", "Masker"]
 
 ARTIFACT = "tokenized"
+REJECTS_FILE = "rejects.jsonl"
 
 
 def _usable_cores() -> int:
@@ -146,7 +149,9 @@ def run(spec: dict, ctx: StageContext) -> dict:
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     writer = TokenizedWriter(folder, Path(ctx.work_dir) / "prepare_rows")
-    rejects = RejectLog(folder / "rejects.jsonl")
+    # In the job folder, so the list outlives a job that stops on its reject budget.
+    rejects = FailureLog(Path(ctx.work_dir) / REJECTS_FILE)
+    template_errors: Counter = Counter()
     counter = TokenCounter(max(len(tokenizer), target_vocab_size(target.get("config"), 0)))
     lengths: list[np.ndarray] = []
     agg = {"done": 0, "masked": 0, "truncated": 0, "boundary_splits": 0,
@@ -155,7 +160,9 @@ def run(spec: dict, ctx: StageContext) -> dict:
     def on_result(res: ChunkResult) -> None:
         writer.write(res.batch)
         for rid, src, reason, detail in res.rejects:
-            rejects.add(rid, src, reason, detail)
+            rejects.add(rid, reason, detail, src)
+            if reason == "template_error":
+                template_errors[detail] += 1
         counter.add(res.freq_ids, res.freq_counts)
         lengths.append(res.lengths)
         agg["done"] += res.n_records
@@ -180,18 +187,22 @@ def run(spec: dict, ctx: StageContext) -> dict:
     share = n_rej / max(1, n_rows + n_rej)
     summary_rej = {"num_rejected": n_rej, "rejected_by_reason": dict(rejects.by_reason),
                    "rejected_sample": rejects.sample[:5]}
+    details = {**summary_rej, **rejects.summary()}
     if n_rows == 0:
         writer.abort()
         raise StageError("empty_output", f"no record could be prepared ({n_rej} rejected: "
-                         f"{rejects.by_reason})", details=summary_rej)
+                         f"{dict(rejects.by_reason)})", details=details)
     if share > params.max_reject_share:
         writer.abort()
         raise StageError("too_many_rejects",
                          f"{n_rej} of {n_rows + n_rej} records rejected ({share:.0%} > "
-                         f"max_reject_share {params.max_reject_share:.0%}): {rejects.by_reason}",
-                         details=summary_rej)
+                         f"max_reject_share {params.max_reject_share:.0%}): "
+                         f"{dict(rejects.by_reason)}; first: " +
+                         ", ".join(f"{f['id']} ({f['reason']})" for f in rejects.sample[:5]),
+                         details=details)
     t_write = time.perf_counter()
     writer.finish()
+    rejects.copy_to(folder)
 
     freq = counter.as_dict()
     save_token_freq(folder / "token_freq.pt", freq)
@@ -209,7 +220,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "num_masked_tokens": agg["masked"],
         **summary_rej,
         "rejected_sample": rejects.sample,
-        "template_errors": dict(sorted(rejects.template_errors.items(),
+        "template_errors": dict(sorted(template_errors.items(),
                                        key=lambda kv: -kv[1])[:20]),
         "self_check_failures": rejects.by_reason.get("self_check_failed", 0),
         "self_check_failure_rate": rejects.by_reason.get("self_check_failed", 0)
@@ -242,6 +253,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
     if agg["turns_without_end_token"]:
         ctx.warning(f"{agg['turns_without_end_token']} trained turns have no end-of-turn token "
                     "in the rendering (the template emits none there); they train without one")
-    return {k: meta[k] for k in ("num_rows", "num_tokens", "num_masked_tokens", "num_rejected",
-                                 "rejected_by_reason", "self_check_failures", "num_truncated",
-                                 "mask_method")}
+    return {**{k: meta[k] for k in ("num_rows", "num_tokens", "num_masked_tokens",
+                                    "num_rejected", "rejected_by_reason", "self_check_failures",
+                                    "num_truncated", "mask_method")},
+            "failed_sample": rejects.sample[:5]}

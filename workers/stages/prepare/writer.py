@@ -19,7 +19,6 @@ Rows stream into an Arrow IPC file in the job's scratch folder while workers pro
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -87,33 +86,6 @@ class TokenizedWriter:
             self._sink.close()
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)
-
-
-class RejectLog:
-    """`rejects.jsonl` ({"id", "source", "reason", "detail"}) plus counts and a sample."""
-
-    def __init__(self, path: Path, sample_size: int = 20):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
-        self.by_reason: dict[str, int] = {}
-        self.template_errors: dict[str, int] = {}
-        self.sample: list[dict] = []
-        self.sample_size = sample_size
-        self.count = 0
-
-    def add(self, rid: str, source: str, reason: str, detail: str) -> None:
-        row = {"id": rid, "source": source, "reason": reason, "detail": detail}
-        self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-        self.count += 1
-        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
-        if reason == "template_error":
-            self.template_errors[detail] = self.template_errors.get(detail, 0) + 1
-        if len(self.sample) < self.sample_size:
-            self.sample.append(row)
-
-    def close(self) -> None:
-        self._fh.close()
 
 
 def length_percentiles(lengths: np.ndarray) -> dict[str, float]:

@@ -1,0 +1,118 @@
+"""Why a drafter is accepted or rejected, with the numbers that say so (issue 18).
+
+A verdict that accepts whatever was measured stops nothing: the seeds' drafter reached 1.1%
+acceptance and was served. So "accept" needs both a floor (`min_tau`) and a measured gain
+over the baseline (`min_gain`, by default over an untrained drafter of the same config).
+The diagnostics are what evaluate can count cheaply to explain a low tau: how many of the
+target's reference tokens the drafter cannot propose at all (they are outside its draft
+vocabulary, so no draft at those positions can be accepted), and acceptance per position.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from contracts.evaluate import EvalParams
+
+# Above this out-of-vocabulary share the verdict names the draft vocabulary as the likely
+# cause: a quarter of the positions then cannot be drafted at all, which caps acceptance.
+OOV_CAUSE_SHARE = 0.25
+
+
+def draft_vocab_coverage(draft_model: Any, references: Sequence[Sequence[int]],
+                         tokenizer: Any = None, top: int = 5) -> dict:
+    """Share of reference tokens outside the drafter's draft vocabulary (its t2d map).
+
+    A drafter without a map drafts over the full target vocabulary: nothing is outside.
+    """
+    tokens = [int(t) for ref in references for t in ref]
+    t2d = getattr(draft_model, "t2d", None)
+    out: dict[str, Any] = {"reference_tokens": len(tokens), "draft_vocab_size": None,
+                           "oov_tokens": 0, "oov_share": 0.0 if tokens else None,
+                           "top_oov": []}
+    if t2d is None or not tokens:
+        return out
+    inside = t2d.detach().to("cpu").bool()  # shape: [target vocab]; True = draftable
+    out["draft_vocab_size"] = int(inside.sum())
+    oov = Counter(t for t in tokens if t >= len(inside) or not bool(inside[t]))
+    n = sum(oov.values())
+    out["oov_tokens"] = n
+    out["oov_share"] = n / len(tokens)
+    out["top_oov"] = [{"id": t, "count": c,
+                       **({"text": tokenizer.decode([t])} if tokenizer is not None else {})}
+                      for t, c in oov.most_common(top)]
+    return out
+
+
+def _pairs(report: dict) -> list[tuple[str, float | None, float | None]]:
+    """(measure, drafter tau, baseline tau), most faithful measure first."""
+    base = report.get("baseline") or {}
+    return [("vLLM", (report.get("vllm") or {}).get("tau"), None),
+            ("greedy speculative decoding", report.get("tau"), base.get("tau")),
+            ("simulated (teacher-forced)", report.get("tau_sim"), base.get("tau_sim"))]
+
+
+def verdict(report: dict, p: EvalParams) -> tuple[str, str]:
+    """("accept" | "reject", the reason with the numbers)."""
+    pairs = [x for x in _pairs(report) if x[1] is not None]
+    if not pairs:
+        return "reject", "no acceptance measure produced a value (no usable prompts or rows)"
+    key, tau, _ = pairs[0]
+    problems, passed = [], []
+    if p.min_tau is not None:
+        (problems if tau < p.min_tau else passed).append(
+            f"tau {tau:.3f} ({key}) {'is below' if tau < p.min_tau else 'meets'} "
+            f"min_tau {p.min_tau}")
+    else:
+        passed.append(f"tau {tau:.3f} ({key}); no min_tau set")
+    # The gain is compared on one measure both were measured with (the baseline has no vLLM).
+    same = next(((k, t, b) for k, t, b in pairs if b is not None), None)
+    base = report.get("baseline") or {}
+    who = "the untrained baseline" if base.get("kind") == "untrained" else "the baseline"
+    if p.min_gain is not None and same is not None:
+        k, t, b = same
+        gain = t - b
+        msg = f"{'beats' if gain > 0 else 'does not beat'} {who}'s tau {b:.3f} by {gain:+.3f} " \
+              f"({k}; min_gain {p.min_gain})"
+        (problems if gain < p.min_gain else passed).append(msg)
+    elif p.min_gain is not None:
+        passed.append("no baseline measured, so the gain over it is not checked")
+    note = _lossless_note(report)
+    if problems:
+        return "reject", "; ".join(problems) + _cause(report) + note
+    return "accept", "; ".join(passed) + note
+
+
+def _cause(report: dict) -> str:
+    cov = (report.get("diagnostics") or {}).get("draft_vocab") or {}
+    share = cov.get("oov_share")
+    if not share:
+        return ""
+    text = (f"; {share:.0%} of the {cov['reference_tokens']} reference tokens are outside "
+            f"the drafter's {cov['draft_vocab_size']}-token draft vocabulary")
+    if share >= OOV_CAUSE_SHARE:
+        text += (" (likely cause: the drafter cannot propose them; build the draft vocabulary "
+                 "from data like the evaluation's, or a larger draft_vocab_size)")
+    return text
+
+
+def _lossless_note(report: dict) -> str:
+    lossless = report.get("lossless") or {}
+    if lossless.get("checked") and lossless.get("equal") != lossless.get("checked"):
+        return (f"; note: {lossless['checked'] - lossless['equal']} of {lossless['checked']} "
+                f"speculative outputs differ from plain greedy output")
+    return ""
+
+
+def diagnostics(report: dict, coverage: dict) -> dict:
+    """What explains the numbers: draft-vocabulary coverage and acceptance per position."""
+    base = report.get("baseline") or {}
+    return {
+        "draft_vocab": coverage,
+        "acceptance_rate_per_position": report.get("acceptance_rate_per_position")
+        or report.get("acceptance_rate_per_position_sim") or [],
+        "baseline_acceptance_rate_per_position": base.get("acceptance_rate_per_position")
+        or base.get("acceptance_rate_per_position_sim") or [],
+    }
