@@ -44,6 +44,14 @@ def get_run(run_id: str, user: Principal = Depends(current_user), session: Sessi
     return service.run_read(session, service.get_run(session, run_id))
 
 
+@router.get("/{run_id}/report")
+def get_run_report(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    """What the dashboard's run page and `draftyard runs show` render (app/runs/report.py)."""
+    from app.runs.report import build_report
+
+    return build_report(session, service.get_run(session, run_id))
+
+
 @router.post("/{run_id}/cancel")
 def cancel_run(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
     run = service.cancel_run(session, user, service.get_run(session, run_id))
