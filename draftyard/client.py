@@ -153,7 +153,7 @@ class Client:
     def ready(self) -> bool:
         try:
             return self.http.get("/readyz").status_code == 200
-        except httpx.TransportError:
+        except httpx.HTTPError:
             return False
 
     def me(self) -> Json:
