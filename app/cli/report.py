@@ -10,7 +10,7 @@ from rich.table import Table
 from app.cli.view import console, num
 
 VERDICT_COLOR = {"accept": "green", "reject": "red"}
-# Acceptance-like training series, as the trainer names them, shown after the loss.
+# Acceptance-like training series, as the trainer names them: the first present is shown.
 ACC_SERIES = ("acc_1", "full_acc", "val_acc_1")
 
 
@@ -86,9 +86,10 @@ def print_report(rep: dict, log=console.print) -> None:
         for line in bar_rows(rep["per_position"]):
             log(line, markup=False, highlight=False)
     series = (rep.get("curves") or {}).get("series") or {}
+    acc = next((a for a in ACC_SERIES if len(series.get(a) or []) > 1), None)
     for name, unit in (("loss", "training loss (cross-entropy, nats)"),
-                       *((a, f"{a} (fraction of positions accepted)") for a in ACC_SERIES)):
-        if len(series.get(name) or []) > 1:
+                       (acc, f"training acceptance {acc} (fraction of positions, teacher-forced)")):
+        if name and len(series.get(name) or []) > 1:
             log(f"\n[bold]{unit}[/bold]")
             for line in ascii_chart(series[name], x_label="step"):
                 log(line, markup=False, highlight=False)

@@ -74,8 +74,13 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
     arts: list[Artifact] = list(session.scalars(
         select(Artifact).where(Artifact.producer_job.in_([j.id for j in js]))
         .order_by(Artifact.created_at))) if js else []
-    by_id = {a.id: a for a in arts}
     target_id, dataset_id = spec.get("target_id"), spec.get("dataset_id")
+    # The run's input dataset is the root of its lineage, though no job of the run made it.
+    ds = session.get(Dataset, dataset_id) if dataset_id else None
+    root = session.get(Artifact, ds.artifact_id) if ds is not None and ds.artifact_id else None
+    if root is not None and root not in arts:
+        arts.insert(0, root)
+    by_id = {a.id: a for a in arts}
     targets = _names(session, Target, {target_id})
     datasets = _names(session, Dataset, {dataset_id})
     users = _names(session, User, {run.owner_id, *(j.owner_id for j in js)})
@@ -93,8 +98,11 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
                     return got
         return None
 
-    lineage = [{"id": a.id, "kind": a.kind, "stage": stage_of.get(a.producer_job),
-                "job_id": a.producer_job, "inputs": list(a.inputs or []), "bytes": a.bytes,
+    lineage = [{"id": a.id, "kind": a.kind,
+                "stage": stage_of.get(a.producer_job) or ("input" if a is root else None),
+                "job_id": a.producer_job,
+                # The artifacts it was made from (the target has its own field).
+                "inputs": [i for i in a.inputs or [] if i != target_id], "bytes": a.bytes,
                 "created_at": a.created_at,
                 "dataset": {"id": dataset_id, "name": datasets.get(dataset_id)},
                 "target": {"id": target_id, "name": targets.get(target_id)},

@@ -76,10 +76,16 @@ def test_upload_progress_report_and_pull_a_drafter(api, reported_run, tmp_path):
     assert rep["drafter"]["serve_command"].startswith("vllm serve")
     kinds = {a["kind"] for a in rep["lineage"]}
     assert {"dataset", "tokenized", "hidden_states", "drafter", "eval_report"} <= kinds, kinds
+    assert rep["lineage"][0]["id"] == reported_run["dataset"]["artifact_id"]  # the root
+    assert rep["lineage"][0]["stage"] == "input"
     for a in rep["lineage"]:
         assert a["dataset"]["name"] == "report-chat" and a["target"]["name"] == "tiny-report"
-        if a["kind"] != "dataset":  # made with a template from prepare on (generate too)
+        if a["kind"] != "dataset":  # rendered with a chat template: prepare and after
             assert len(a["chat_template_sha256"] or "") == 64, a
+    by_id = {a["id"]: a for a in rep["lineage"]}
+    for a in rep["lineage"][1:]:  # every made artifact comes from earlier ones of the run
+        arts = [i for i in a["inputs"] if i.startswith("art_")]
+        assert arts and all(i in by_id for i in arts), a
 
     drafter = rep["drafter"]["artifact_id"]
     art = c.get_artifact(drafter)

@@ -40,7 +40,7 @@ def browser():
 def _shoot(d, name: str) -> Path:
     """A full-page screenshot (the window grown to the page's height)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    h = d.execute_script("return document.documentElement.scrollHeight")
+    h = d.execute_script("window.scrollTo(0, 0); return document.documentElement.scrollHeight")
     d.set_window_size(1280, min(max(h, 800), 6000))
     p = SHOTS / f"{name}.png"
     assert d.save_screenshot(str(p)) and p.stat().st_size > 10_000, p
@@ -79,6 +79,8 @@ def test_run_page_in_chromium(api, server, reported_run, browser):
     assert len(pp.find_elements(By.CSS_SELECTOR, "rect[height]")) >= \
         len(rep["per_position"]["trained"]) + len(rep["per_position"]["untrained"])
     assert pp.find_elements(By.CSS_SELECTOR, ".x-axis") and pp.find_elements(By.CSS_SELECTOR, ".y-axis")
+    labels = [t.text for t in pp.find_elements(By.CSS_SELECTOR, ".bar-value")]
+    assert labels[0] == f"{round(rep['per_position']['trained'][0] * 100)}%", labels
     loss = el["loss-chart"]
     assert loss.find_element(By.CSS_SELECTOR, ".x-label").text == "optimizer step"
     assert "nats" in loss.find_element(By.CSS_SELECTOR, ".y-label").text
