@@ -62,6 +62,7 @@ def print_run_report(c: Client, run: dict) -> None:
     if rep:
         console.print(f"  tau {num(rep.get('tau'))} (tau_sim {num(rep.get('tau_sim'))}), "
                       f"untrained {num(rep.get('tau_baseline'))}; verdict {rep.get('verdict')}")
+    console.print(f"  the whole report: draftyard runs show {run['id']}")
 
 
 def register(cli: typer.Typer) -> None:
