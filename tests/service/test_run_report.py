@@ -40,6 +40,7 @@ def browser():
 def _shoot(d, name: str) -> Path:
     """A full-page screenshot (the window grown to the page's height)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
+    d.set_window_size(1280, 800)  # measured afresh: a shorter page gets a shorter shot
     h = d.execute_script("window.scrollTo(0, 0); return document.documentElement.scrollHeight")
     d.set_window_size(1280, min(max(h, 800), 6000))
     p = SHOTS / f"{name}.png"
