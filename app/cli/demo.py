@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.cli.client import ApiFailure, Client
 from app.cli.runs import print_plan
 from app.cli.view import console, follow_jobs, num
+from draftyard import ApiError, Client
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "demo" / "data"
@@ -46,40 +46,21 @@ def _build_target(models: Path, steps: int) -> Path:
     return out
 
 
-def _wait_dataset(c: Client, ds_id: str, timeout: float = 300) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        d = c.get(f"/v1/datasets/{ds_id}")
-        if d["status"] != "ingesting":
-            return d
-        time.sleep(0.3)
-    raise RuntimeError(f"dataset {ds_id} still ingesting after {timeout} s")
-
-
-def _upload(c: Client, path: Path, name: str) -> dict:
-    with open(path, "rb") as fh:
-        r = c.http.post("/v1/datasets", files={"file": (path.name, fh)}, data={"name": name})
-    return c._check(r)
-
-
 def run_pipeline(c: Client, target_dir: Path, cfg: dict, log=console.print) -> dict:
     """Everything after the service is up. Returns the final run object."""
-    tgt = c.post("/v1/targets", {"name": "demo-target", "path": str(target_dir),
-                                 "chat_template_kwargs": {}})
+    tgt = c.create_target("demo-target", str(target_dir), chat_template_kwargs={})
     log(f"registered target {tgt['id']}: {tgt['architecture']}, hidden {tgt['hidden_size']}, "
         f"{tgt['num_layers']} layers, vocab {tgt['vocab_size']}")
     sources = []
     for f, name in (("prompts.jsonl", "demo-prompts"), ("alpaca.jsonl", "demo-alpaca"),
                     ("sharegpt.jsonl", "demo-sharegpt")):
-        d = _wait_dataset(c, _upload(c, DATA / f, name)["id"])
+        d = c.wait_dataset(c.upload_dataset(DATA / f, name)["id"], 300)
         log(f"ingested {name}: format {d['format']}, {d['num_records']} records "
             f"({d['stats'].get('user_only', 0)} prompt-only), {d['num_rejected']} rejected")
         sources.append({"dataset_id": d["id"], **({"max_records": cfg["per_source"]}
                                                   if cfg["per_source"] else {})})
-    mix = _wait_dataset(c, c.post("/v1/datasets/mix", {"name": "demo-mix", "sources": sources,
-                                                       "dedupe": True, "seed": 0})["id"])
-    held = _wait_dataset(c, c.post("/v1/datasets", {"name": "demo-heldout",
-                                                    "path": str(DATA / "heldout.jsonl")})["id"])
+    mix = c.wait_dataset(c.mix_datasets("demo-mix", sources, dedupe=True, seed=0)["id"], 300)
+    held = c.wait_dataset(c.add_dataset("demo-heldout", DATA / "heldout.jsonl")["id"], 300)
     log(f"mixed {mix['num_records']} training records; {held['num_records']} held-out prompts")
     body = {
         "name": "demo-dflash", "target_id": tgt["id"], "dataset_id": mix["id"],
@@ -102,13 +83,13 @@ def run_pipeline(c: Client, target_dir: Path, cfg: dict, log=console.print) -> d
         },
     }
     t = time.time()
-    plan = c.post("/v1/plans", body)
+    plan = c.plan(body)
     print_plan(plan, time.time() - t, log)
-    run = c.post("/v1/runs", body)
+    run = c.create_run(body)
     log(f"submitted run {run['id']} with {len(run['jobs'])} stages")
     labels = {j["id"]: j["run_stage"] for j in run["jobs"]}
     follow_jobs(c, list(labels), labels)
-    return c.get(f"/v1/runs/{run['id']}")
+    return c.get_run(run["id"])
 
 
 def print_report(c: Client, run: dict) -> dict:
@@ -121,7 +102,7 @@ def print_report(c: Client, run: dict) -> dict:
     artifacts = {}
     for j in run["jobs"]:
         for a in j["outputs"]:
-            art = c.get(f"/v1/artifacts/{a}")
+            art = c.get_artifact(a)
             artifacts[j["run_stage"]] = {"id": a, "kind": art["kind"], "uri": art["uri"]}
             console.print(f"  {art['kind']:<14} {a} {art['uri']}")
     if rep:
@@ -133,7 +114,7 @@ def print_report(c: Client, run: dict) -> dict:
         console.print(f"  untrained drafter: tau {num(rep.get('tau_baseline'))}")
         drafter = next((j for j in run["jobs"] if j["run_stage"] == "train"), None)
         if drafter and drafter["outputs"]:
-            meta = c.get(f"/v1/artifacts/{drafter['outputs'][0]}")["meta"]
+            meta = c.get_artifact(drafter["outputs"][0])["meta"]
             if meta.get("vllm_serve_command"):
                 console.print(f"  serve it: {meta['vllm_serve_command']}")
     return artifacts
@@ -172,7 +153,7 @@ def run_demo(json_out: bool = False, quick: bool = False, keep: bool = False) ->
                           "(Ctrl-C to stop)")
             proc.wait()
         return 0 if run["status"] == "succeeded" else 1
-    except ApiFailure as e:
+    except ApiError as e:
         console.print(f"[red]demo failed[/red]: {e}")
         if json_out:
             print(json.dumps({"status": "error", "error": str(e)}))

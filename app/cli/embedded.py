@@ -6,10 +6,9 @@ import subprocess
 import sys
 import time
 
-import httpx
-
 from app.core.config import get_settings
 from procgroup import stop_group
+from draftyard import Client
 
 
 def start_embedded(port: int) -> subprocess.Popen:
@@ -19,15 +18,13 @@ def start_embedded(port: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "up", "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 90
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the embedded service exited; see {s.home / 'server.log'}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+    with Client(f"http://127.0.0.1:{port}", timeout=2) as c:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the embedded service exited; see {s.home / 'server.log'}")
+            if c.ready():
                 return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
+            time.sleep(0.5)
     raise RuntimeError("the embedded service did not become ready in 90 s")
 
 

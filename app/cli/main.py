@@ -1,5 +1,7 @@
 """`draftyard`: run the service (up, server, worker) and talk to it (submit, jobs, show, logs,
-cancel, retry, queue, nodes)."""
+cancel, retry, queue, nodes; runs, datasets, targets, artifacts, users, webhooks in
+`runs.py` and `resources.py`). Every HTTP call goes through the Python client
+(`draftyard.Client`); every listing takes `--json`."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ from typing import Optional
 
 import typer
 
+from app.cli import resources as _resources
 from app.cli import runs as _runs
-from app.cli.client import ApiFailure, Client
-from app.cli.view import console, fail, follow_jobs, jobs_table, print_failures
+from app.cli.view import (console, fail, follow_jobs, jobs_table, owner_names, print_failures,
+                          print_json)
+from draftyard import ApiError, Client
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="draftyard: train speculative-decoding drafters as a shared service")
@@ -95,8 +99,8 @@ def submit(type: str = typer.Argument(..., help="probe|ingest|generate|prepare|e
     if name:
         body["name"] = name
     try:
-        job = c.post("/v1/jobs", body)
-    except ApiFailure as e:
+        job = c.submit_job(**body)
+    except ApiError as e:
         fail(e)
     console.print(f"submitted [bold]{job['id']}[/bold] ({job['status']})")
     if follow:
@@ -116,21 +120,24 @@ def _print_final(job: dict) -> None:
 
 @cli.command()
 def jobs(status: Optional[str] = None, type: Optional[str] = None, owner: Optional[str] = None,  # noqa: A002
-         limit: int = 20):
+         limit: int = 20, json_out: bool = typer.Option(False, "--json", help="the API's JSON")):
     """List jobs."""
+    c = _client()
     try:
-        page = _client().get("/v1/jobs", status=status, type=type, owner=owner, limit=limit)
-    except ApiFailure as e:
+        page = c.list_jobs(status=status, type=type, owner=owner, limit=limit)
+        if json_out:
+            return print_json(page["data"])
+        console.print(jobs_table(page["data"], names=owner_names(c)))
+    except ApiError as e:
         fail(e)
-    console.print(jobs_table(page["data"]))
 
 
 @cli.command()
 def show(job_id: str):
     """Show one job as JSON."""
     try:
-        console.print_json(json.dumps(_client().get(f"/v1/jobs/{job_id}")))
-    except ApiFailure as e:
+        console.print_json(json.dumps(_client().get_job(job_id), default=str))
+    except ApiError as e:
         fail(e)
 
 
@@ -141,20 +148,19 @@ def logs(job_id: str, follow: bool = typer.Option(False, "-f", "--follow"),
     c = _client()
     try:
         if follow:
-            for chunk in c.stream_lines(f"/v1/jobs/{job_id}/logs", follow="true",
-                                        **({"tail": tail} if tail else {})):
+            for chunk in c.follow_logs(job_id, tail):
                 sys.stdout.write(chunk)
                 sys.stdout.flush()
         else:
-            sys.stdout.write(c.get(f"/v1/jobs/{job_id}/logs", tail=tail))
-    except ApiFailure as e:
+            sys.stdout.write(c.logs(job_id, tail))
+    except ApiError as e:
         fail(e)
 
 
 def _job_action(job_id: str, action: str) -> None:
     try:
         _print_final(_client().post(f"/v1/jobs/{job_id}/{action}"))
-    except ApiFailure as e:
+    except ApiError as e:
         fail(e)
 
 
@@ -171,34 +177,42 @@ def retry(job_id: str):
 
 
 @cli.command()
-def queue():
+def queue(json_out: bool = typer.Option(False, "--json", help="the API's JSON")):
     """The shared queue: running and waiting jobs, per-user usage."""
+    c = _client()
     try:
-        q = _client().get("/v1/queue")
-    except ApiFailure as e:
+        q = c.queue()
+        if json_out:
+            return print_json(q)
+        names = owner_names(c)
+    except ApiError as e:
         fail(e)
-    console.print(jobs_table(q["running"], "running"))
-    console.print(jobs_table(q["waiting"], "waiting (in order)"))
+    console.print(jobs_table(q["running"], "running", names))
+    console.print(jobs_table(q["waiting"], "waiting (in order)", names))
     for u in q["users"]:
         console.print(f"  {u['name'] or u['id']}: {u['gpus_held']} GPUs held, "
                       f"{u['gpu_hours_24h']:.2f} GPU-h in 24 h, {u['waiting']} waiting")
 
 
 @cli.command()
-def nodes():
+def nodes(json_out: bool = typer.Option(False, "--json", help="the API's JSON")):
     """Worker nodes and their GPUs."""
     try:
-        for n in _client().get("/v1/nodes")["data"]:
+        data = _client().nodes()
+        if json_out:
+            return print_json(data)
+        for n in data:
             state = "alive" if n["alive"] else "lost"
             state += ", draining" if n["draining"] else ""
             console.print(f"[bold]{n['name']}[/bold] ({state}) last heartbeat {n['last_heartbeat']}")
             for g in n["gpus"]:
                 console.print(f"  gpu {g['index']}: {g['name']} -> {g['job_id'] or 'free'}")
-    except ApiFailure as e:
+    except ApiError as e:
         fail(e)
 
 
-_runs.register(cli)  # plan, run, runs, dataset
+_runs.register(cli)  # plan, run, runs (list, show), dataset
+_resources.register(cli)  # targets, datasets, artifacts, users, webhooks
 
 
 def main() -> None:
@@ -206,15 +220,16 @@ def main() -> None:
     traceback."""
     import httpx
 
-    from app.cli.client import settings
+    from draftyard import resolve_settings
 
     try:
         cli()
     except httpx.TransportError as e:
-        console.print(f"[red]error[/red] cannot reach the draftyard API at {settings()[0]}: {e} "
+        console.print(f"[red]error[/red] cannot reach the draftyard API at "
+                      f"{resolve_settings()[0]}: {e} "
                       "(is it running? `draftyard up` starts one; DRAFTYARD_URL points elsewhere)")
         raise SystemExit(3) from None
-    except ApiFailure as e:
+    except ApiError as e:
         console.print(f"[red]error[/red] {e}")
         raise SystemExit(1) from None
     except KeyboardInterrupt:

@@ -1,9 +1,10 @@
-"""CLI commands for whole runs and datasets: `plan`, `run`, `runs`, `dataset`.
+"""CLI commands for whole runs and datasets: `plan`, `run`, `runs`, `runs show`, `dataset`.
 
     draftyard dataset data/orca.jsonl --name orca        # upload, wait, print stats + rejects
     draftyard plan run.json                              # checks in seconds; exit 1 on errors
     draftyard run run.json --follow                      # submit, per-stage bars, the report
-    draftyard runs
+    draftyard runs [--json]
+    draftyard runs show RUN_ID                           # the report people read
 
 `run.json` is the body of `POST /v1/runs` (API.md); `app/cli/demo.py` builds a complete one.
 """
@@ -18,8 +19,10 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from app.cli.client import ApiFailure, Client
-from app.cli.view import TERMINAL, console, fail, follow_jobs, num, print_failures, verdict_line
+from app.cli.report import print_report
+from app.cli.view import (TERMINAL, console, fail, follow_jobs, num, owner_names, print_failures,
+                          print_json, verdict_line)
+from draftyard import ApiError, Client
 
 
 def _body(path: Path) -> dict:
@@ -60,6 +63,7 @@ def print_run_report(c: Client, run: dict) -> None:
         console.print(f"  {j['run_stage']:<9} {j['id']} {j['status']:<10}"
                       f"{', '.join(j['outputs']) or '-'}{reused}{extra}")
         print_failures(j, indent="      ")
+    console.print(f"  the whole report: draftyard runs show {run['id']}")
 
 
 def register(cli: typer.Typer) -> None:
@@ -69,8 +73,8 @@ def register(cli: typer.Typer) -> None:
         c = Client(timeout=180)
         t = time.time()
         try:
-            p = c.post("/v1/plans", _body(file))
-        except ApiFailure as e:
+            p = c.plan(_body(file))
+        except ApiError as e:
             fail(e, 2)
         print_plan(p, time.time() - t)
         raise typer.Exit(0 if p["ok"] else 1)
@@ -85,10 +89,10 @@ def register(cli: typer.Typer) -> None:
         if force_plan:
             body["force_plan"] = True
         try:
-            r = c.post("/v1/runs", body)
-        except ApiFailure as e:
-            if isinstance(e.body, dict) and e.body.get("error", {}).get("code") == "plan_failed":
-                print_plan(e.body["error"]["details"])
+            r = c.create_run(body)
+        except ApiError as e:
+            if e.code == "plan_failed":
+                print_plan(e.details)
                 console.print("[red]refused[/red]: the plan has errors (--force-plan to start "
                               "anyway)")
                 raise typer.Exit(1) from None
@@ -99,24 +103,34 @@ def register(cli: typer.Typer) -> None:
             return
         labels = {j["id"]: j["run_stage"] for j in r["jobs"]}
         follow_jobs(c, list(labels), labels)
-        final = c.get(f"/v1/runs/{r['id']}")
+        final = c.get_run(r["id"])
         for _ in range(20):  # the run's own status follows its jobs' within a moment
             if final["status"] in TERMINAL:
                 break
             time.sleep(0.5)
-            final = c.get(f"/v1/runs/{r['id']}")
+            final = c.get_run(r["id"])
         print_run_report(c, final)
         raise typer.Exit(0 if final["status"] == "succeeded" else 1)
 
-    @cli.command()
-    def runs(limit: int = 20):
+    runs_app = typer.Typer(help="List runs; `runs show RUN_ID` for one run's report.")
+    cli.add_typer(runs_app, name="runs")
+
+    @runs_app.callback(invoke_without_command=True)
+    def runs(ctx: typer.Context, limit: int = 20,
+             json_out: bool = typer.Option(False, "--json", help="the API's JSON")):
         """List runs with their stages and acceptance."""
+        if ctx.invoked_subcommand is not None:
+            return
+        c = Client()
         try:
-            page = Client().get("/v1/runs", limit=limit)
-        except ApiFailure as e:
+            page = c.list_runs(limit=limit)
+            if json_out:
+                return print_json(page["data"])
+            names = owner_names(c)
+        except ApiError as e:
             fail(e)
         t = Table(title="runs")
-        for col in ("verdict", "id", "name", "status", "stages", "tau (untrained)"):
+        for col in ("verdict", "id", "name", "owner", "status", "stages", "tau (untrained)"):
             t.add_column(col)
         for r in page["data"]:
             stages = " ".join(f"{j['run_stage']}:{j['status']}" for j in r["jobs"])
@@ -124,8 +138,22 @@ def register(cli: typer.Typer) -> None:
             tau = f"{num(rep.get('tau'))} ({num(rep.get('tau_baseline'))})" if rep else ""
             v = rep.get("verdict") or ""
             t.add_row(f"[{'green' if v == 'accept' else 'red'}]{v}[/]" if v else "", r["id"],
-                      r["name"], r["status"], stages, tau)
+                      r["name"], names.get(r["owner"], r["owner"]), r["status"], stages, tau)
         console.print(t)
+
+    @runs_app.command("show")
+    def runs_show(run_id: str, json_out: bool = typer.Option(False, "--json",
+                                                             help="the report's JSON")):
+        """One run's report: verdict first, tau trained vs untrained, acceptance per
+        position, training curves, the serve command, and where every artifact came from."""
+        c = Client()
+        try:
+            rep = c.run_report(run_id)
+        except ApiError as e:
+            fail(e)
+        if json_out:
+            return print_json(rep)
+        print_report(rep)
 
     @cli.command()
     def dataset(file: Path = typer.Argument(..., help="a chat-data file to upload"),
@@ -138,20 +166,15 @@ def register(cli: typer.Typer) -> None:
         name = name or file.name.split(".")[0]
         try:
             if server_path:
-                d = c.post("/v1/datasets", {"name": name, "path": str(file.resolve()),
-                                            "format": fmt})
+                d = c.add_dataset(name, file.resolve(), fmt)
             else:
                 if not file.is_file():
                     console.print(f"[red]error[/red] {file}: no such file")
                     raise typer.Exit(2)
-                with open(file, "rb") as fh:
-                    d = c._check(c.http.post("/v1/datasets", files={"file": (file.name, fh)},
-                                             data={"name": name, "format": fmt}))
+                d = c.upload_dataset(file, name, fmt)
             console.print(f"dataset [bold]{d['id']}[/bold] ({d['status']})")
-            while d["status"] == "ingesting":
-                time.sleep(0.5)
-                d = c.get(f"/v1/datasets/{d['id']}")
-        except ApiFailure as e:
+            d = c.wait_dataset(d["id"], timeout=None, poll=0.5)
+        except ApiError as e:
             fail(e)
         if d["status"] != "ready":
             console.print(f"[red]{d['status']}[/red]: {(d.get('error') or {}).get('message', '')}")

@@ -1,12 +1,15 @@
-"""Rendering for the CLI: tables and live progress bars."""
+"""Rendering for the CLI: tables, JSON listings, owner names and live progress bars."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
+from draftyard import NotFound
 
 console = Console()
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -55,7 +58,21 @@ def verdict_line(rep: dict) -> str:
             f"{num(rep.get('tau_baseline'))}{oov_s}")
 
 
-def jobs_table(jobs: list[dict], title: str = "jobs") -> Table:
+def print_json(obj) -> None:
+    """`--json`: the API's objects as they came, for scripts (plain print: no wrapping)."""
+    print(json.dumps(obj, indent=1, default=str))
+
+
+def owner_names(client) -> dict[str, str]:
+    """user id -> name, so listings show who, not `usr_...` (GET /v1/users); {} when the
+    server predates that endpoint."""
+    try:
+        return {u["id"]: u["name"] for u in client.iter_all("/v1/users")}
+    except NotFound:
+        return {}
+
+
+def jobs_table(jobs: list[dict], title: str = "jobs", names: dict | None = None) -> Table:
     t = Table(title=title)
     for c in ("id", "type", "status", "owner", "gpus", "progress", "reason / error"):
         t.add_column(c)
@@ -66,7 +83,8 @@ def jobs_table(jobs: list[dict], title: str = "jobs") -> Table:
         why = (j.get("error") or {}).get("message") or j.get("pending_reason") or ""
         gpus = ",".join(f"{g['node']}:{g['index']}" for g in j.get("gpus_assigned") or []) or str(
             j.get("gpus_requested", 0))
-        t.add_row(j["id"], j["type"], j["status"], str(j.get("owner")), gpus, prog, why[:80])
+        owner = (names or {}).get(j.get("owner"), j.get("owner"))
+        t.add_row(j["id"], j["type"], j["status"], str(owner), gpus, prog, why[:80])
     return t
 
 
@@ -79,7 +97,7 @@ def follow_jobs(client, job_ids: list[str], labels: dict[str, str] | None = None
                   console=console, transient=False) as prog:
         tasks = {j: prog.add_task(labels.get(j, j), total=None, info="") for j in job_ids}
         while True:
-            jobs = [client.get(f"/v1/jobs/{j}") for j in job_ids]
+            jobs = [client.get_job(j) for j in job_ids]
             for job in jobs:
                 p = job.get("progress") or {}
                 total = p.get("total")

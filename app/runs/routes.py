@@ -12,6 +12,7 @@ from app.core.reads import typed
 from app.models import Run
 from app.plans.service import plan_or_refuse
 from app.runs import service
+from app.runs.report import build_report
 from app.runs.schemas import RunCreate, RunCreated, RunList, RunRead
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -48,6 +49,12 @@ def list_runs(page: Page = Depends(page_params), user: Principal = Depends(curre
 @router.get("/{run_id}", response_model=RunRead)
 def get_run(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
     return typed(service.run_read(session, service.get_run(session, run_id)))
+
+
+@router.get("/{run_id}/report")
+def get_run_report(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
+    """What the dashboard's run page and `draftyard runs show` render (app/runs/report.py)."""
+    return build_report(session, service.get_run(session, run_id))
 
 
 @router.post("/{run_id}/cancel", response_model=RunRead)

@@ -4,10 +4,13 @@ from enum import StrEnum
 
 from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.auth import Principal, current_user, require_admin
 from app.core.db import request_session
+from app.core.pagination import Page, list_body, page_params, paginate
+from app.models import User
 from app.users import service
 
 router = APIRouter(prefix="/v1", tags=["users"])
@@ -30,6 +33,16 @@ def create_user(body: UserCreate, admin: Principal = Depends(require_admin), ses
     user, secret = service.create_user(session, body.name, body.role.value)
     return {"id": user.id, "name": user.name, "role": user.role, "created_at": user.created_at,
             "token": secret}
+
+
+@router.get("/users")
+def list_users(page: Page = Depends(page_params), user: Principal = Depends(current_user),
+               session: Session = DB):
+    """The team's directory (id, name, role), readable by every member: jobs, runs and
+    datasets name their owner by id, and clients show names (the queue already does)."""
+    rows, more, nxt = paginate(session, select(User), User.id, page)
+    return list_body([{"id": u.id, "name": u.name, "role": u.role, "created_at": u.created_at}
+                      for u in rows], more, nxt)
 
 
 @router.get("/users/me")

@@ -1,7 +1,11 @@
-"""Fixtures of the in-process service tests (on the rolled-back `db` session)."""
+"""Fixtures of the service tests: the in-process ones (on the rolled-back `db` session), and a
+finished run (prepare -> extract -> train -> evaluate) on a tiny target, owned by a member and
+made entirely through the Python client, shared by the client, CLI and run-report tests so that
+its stages run once per session."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -18,3 +22,41 @@ def user(db) -> Principal:
     db.add(u)
     db.flush()
     return Principal(u.id, u.name, u.role)
+
+
+@pytest.fixture(scope="session")
+def reported_run(api, worker, home, tmp_path_factory) -> dict:
+    from draftyard import Client
+    from workers.stages.tinymodel import build_tiny_target
+
+    admin = Client(api.url, api.token)
+    name = f"ana-{uuid.uuid4().hex[:4]}"
+    user = admin.create_user(name, "member")
+    c = Client(api.url, user["token"], timeout=180)
+    d = build_tiny_target(home / "models" / "tiny-report", arch="qwen3")
+    target = c.create_target("tiny-report", str(d))
+    f = tmp_path_factory.mktemp("report") / "chat.jsonl"
+    f.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"count to {i}"},
+        {"role": "assistant", "content": " ".join(str(k) for k in range(i % 7 + 5))}]}) + "\n"
+        for i in range(16)))
+    seen: list[tuple[int, int | None]] = []
+    ds = c.wait_dataset(c.upload_dataset(f, "report-chat",
+                                         progress=lambda n, t: seen.append((n, t)))["id"], 120)
+    assert ds["status"] == "ready", ds
+    body = {"name": "report-run", "target_id": target["id"], "dataset_id": ds["id"],
+            "drafter": {"type": "dflash", "num_layers": 1, "block_size": 4,
+                        "draft_vocab_size": 256},
+            "chat_template_kwargs": {"enable_thinking": False},
+            # No generate stage: it would add a minute and nothing to the report.
+            "stages": {"generate": None,
+                       "prepare": {"seq_length": 256},
+                       "extract": {"dtype": "float32", "backend": "hf"},
+                       "train": {"epochs": 4, "max_steps": 12, "seq_length": 256, "log_every": 1,
+                                 "drafter": {"num_anchors": 16}},
+                       "evaluate": {"num_prompts": 2, "max_new_tokens": 8}}}
+    run = c.create_run(body)
+    run = c.wait_run(run["id"], timeout=600)
+    assert run["status"] == "succeeded", run["stages"]
+    return {"run": run, "user": user, "target": target, "dataset": ds, "upload_progress": seen,
+            "file": f, "token": user["token"]}

@@ -1,0 +1,114 @@
+"""`draftyard runs show RUN_ID`: the run report (GET /v1/runs/{id}/report, built by
+app/runs/report.py) in a terminal, in the order people read it: the verdict first, tau
+trained vs untrained, acceptance per position, the training curves, the serve command,
+and where every artifact came from."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from app.cli.view import console, num
+
+VERDICT_COLOR = {"accept": "green", "reject": "red"}
+# Acceptance-like training series, as the trainer names them: the first present is shown.
+ACC_SERIES = ("acc_1", "full_acc", "val_acc_1")
+
+
+def ascii_chart(points: list[list[float]], width: int = 56, height: int = 7,
+                x_label: str = "step", y_label: str = "") -> list[str]:
+    """A line chart in text with a labelled y axis (min, max) and x axis (first, last)."""
+    pts = [(float(x if x is not None else i), float(y)) for i, (x, y) in enumerate(points)]
+    if not pts:
+        return []
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    grid = [[" "] * width for _ in range(height)]
+    for x, y in pts:
+        c = round((x - x0) / ((x1 - x0) or 1) * (width - 1))
+        r = height - 1 - round((y - y0) / ((y1 - y0) or 1) * (height - 1))
+        grid[r][c] = "•"
+    lab = [f"{y1:.3g}", f"{y0:.3g}"]
+    w = max(len(s) for s in lab)
+    out = [f"  {y_label}"] if y_label else []
+    for i, row in enumerate(grid):
+        tick = lab[0] if i == 0 else lab[1] if i == height - 1 else ""
+        out.append(f"  {tick:>{w}} ┤{''.join(row)}")
+    out.append(f"  {'':>{w}} └{'─' * width}")
+    left, right = f"{x0:g}", f"{x1:g} {x_label}"
+    out.append(f"  {'':>{w}}  {left}{right:>{width - len(left)}}")
+    return out
+
+
+def bar_rows(rates: dict[str, list[float]], width: int = 40) -> list[str]:
+    """Acceptance per position as horizontal bars: y axis draft position k, x axis 0-100 %."""
+    names = [n for n in ("trained", "untrained", "vllm") if n in rates] or list(rates)
+    if not names:
+        return []
+    out = [f"  k  {'':<10} 0%{'':{width - 6}}100%"]
+    for k in range(max(len(rates[n]) for n in names)):
+        for i, n in enumerate(names):
+            if k >= len(rates[n]):
+                continue
+            v = max(0.0, min(1.0, rates[n][k]))
+            bar = ("█" if n == "trained" else "▒") * round(v * width)
+            pos = f"{k + 1:>3}" if i == 0 else "   "
+            out.append(f"  {pos} {n:<10}│{bar:<{width}} {100 * v:5.1f}%")
+    out.append(f"  {'':>14}└{'─' * width}  P(first k drafts accepted)")
+    return out
+
+
+def print_report(rep: dict, log=console.print) -> None:
+    run, ev = rep["run"], rep.get("evaluation") or {}
+    verdict = ev.get("verdict")
+    color = VERDICT_COLOR.get(str(verdict), "yellow")
+    log(f"[bold]run {run['name']}[/bold] {run['id']}  owner {run['owner'].get('name') or '?'}  "
+        f"status {run['status']}")
+    if verdict:
+        log(f"[bold {color}]VERDICT: {str(verdict).upper()}[/]"
+            + (f" — {ev['verdict_reason']}" if ev.get("verdict_reason") else ""))
+    else:
+        log("[yellow]VERDICT: none yet[/] (no evaluate stage has finished)")
+    if ev.get("tau") is not None or ev.get("tau_baseline") is not None:
+        log(f"tau (tokens per target forward): trained [bold]{num(ev.get('tau'))}[/bold] vs "
+            f"untrained {num(ev.get('tau_baseline'))}"
+            + (f"   (simulated {num(ev.get('tau_sim'))} vs {num(ev.get('tau_sim_baseline'))})"
+               if ev.get("tau_sim") is not None else ""))
+    for k in ("oov_share", "oov_reference_share"):
+        if ev.get(k) is not None:
+            log(f"reference tokens outside the draft vocabulary: {100 * ev[k]:.1f}%")
+    log(f"target {rep['target'].get('name') or '-'} ({rep['target'].get('id')}), "
+        f"data {rep['dataset'].get('name') or '-'} ({rep['dataset'].get('id')})")
+    for s in rep["stages"]:
+        err = f"  {s['error'].get('code')}: {s['error'].get('message')}" if s.get("error") else ""
+        log(f"  {s['stage']:<9} {s['job_id']} {s['status']:<10} attempt {s['attempt']}{err}")
+    if rep.get("per_position"):
+        log("\n[bold]acceptance per draft position[/bold] (greedy speculative decoding)")
+        for line in bar_rows(rep["per_position"]):
+            log(line, markup=False, highlight=False)
+    series = (rep.get("curves") or {}).get("series") or {}
+    acc = next((a for a in ACC_SERIES if len(series.get(a) or []) > 1), None)
+    for name, unit in (("loss", "training loss (cross-entropy, nats)"),
+                       (acc, f"training acceptance {acc} (fraction of positions, teacher-forced)")):
+        if name and len(series.get(name) or []) > 1:
+            log(f"\n[bold]{unit}[/bold]")
+            for line in ascii_chart(series[name], x_label="step"):
+                log(line, markup=False, highlight=False)
+    for p in rep.get("plots") or []:
+        log(f"\nevaluate plot: {p['url']} (or `draftyard artifacts pull {p['artifact_id']} DIR`)")
+    d = rep.get("drafter")
+    if d:
+        log(f"\ndrafter {d['artifact_id']}: {d.get('steps')} steps, final loss "
+            f"{num(d.get('final_loss'))}")
+        if d.get("serve_command"):
+            log("serve it:")
+            log(f"  {d['serve_command']}", markup=False, highlight=False, soft_wrap=True)
+    if rep.get("lineage"):
+        t = Table(title="lineage of every artifact")
+        for col in ("artifact", "kind", "stage", "from", "dataset", "template sha256", "target"):
+            t.add_column(col)
+        for a in rep["lineage"]:
+            t.add_row(a["id"], a["kind"], a.get("stage") or "", ", ".join(a["inputs"]) or "-",
+                      a["dataset"].get("name") or a["dataset"].get("id") or "-",
+                      (a.get("chat_template_sha256") or "-")[:12],
+                      a["target"].get("name") or a["target"].get("id") or "-")
+        log(t)

@@ -1,0 +1,146 @@
+"""The run report people read (`GET /v1/runs/{id}/report`): one object that the dashboard's
+run page and `draftyard runs show` both render, so the two cannot tell different stories.
+
+Verdict first, then trained vs untrained tau, per-position acceptance, the training curves,
+the evaluate plot, the serve command, and the lineage of every artifact (which dataset, which
+chat-template hash, which target), with owners by name. The evaluate stage's report.json
+grows new keys over time (verdict reasons, OOV shares): read them defensively and pass on
+what is there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.jobs import service as jobs
+from app.models import Artifact, Dataset, Run, Target, User
+from app.runs.service import run_jobs
+
+# Keys of the evaluate stage's report.json shown as they are (when present).
+EVAL_KEYS = ("verdict", "verdict_reason", "tau", "tau_sim", "tau_baseline", "tau_sim_baseline",
+             "oov_share", "oov_reference_share", "num_prompts", "exact_match", "template_mismatch",
+             "enable_thinking", "chat_template_sha256", "seconds")
+# Training series worth a chart: the loss, and acceptance-like ones (DFlash acc_k, EAGLE-3's).
+CURVE_PREFIXES = ("loss", "val_loss", "acc_", "val_acc_", "full_acc", "eal")
+PLOT_FILES = ("acceptance.png",)
+
+
+def _names(session: Session, model, ids: set) -> dict:
+    ids = {i for i in ids if i}
+    if not ids:
+        return {}
+    return dict(session.execute(select(model.id, model.name).where(model.id.in_(ids))).all())
+
+
+def _eval_report(art: Artifact | None) -> dict:
+    """report.json of an eval_report artifact; {} when it cannot be read (the summary in the
+    job's metrics still gives tau and the verdict)."""
+    if art is None:
+        return {}
+    try:
+        return json.loads((Path(art.uri) / "report.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _per_position(rep: dict) -> dict[str, list[float]]:
+    """Acceptance per draft position, for every measure the report has."""
+    base = rep.get("baseline") or {}
+    out = {"trained": rep.get("acceptance_rate_per_position") or rep.get("per_position"),
+           "untrained": base.get("acceptance_rate_per_position"),
+           "trained_sim": rep.get("acceptance_rate_per_position_sim"),
+           "untrained_sim": base.get("acceptance_rate_per_position_sim"),
+           "vllm": (rep.get("vllm") or {}).get("acceptance_rate_per_position")}
+    return {k: [float(x) for x in v] for k, v in out.items()
+            if isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)}
+
+
+def _curves(session: Session, job_id: str | None) -> dict[str, list]:
+    if not job_id:
+        return {}
+    series = jobs.metrics(session, job_id)
+    return {k: v for k, v in series.items() if k.startswith(CURVE_PREFIXES)}
+
+
+def build_report(session: Session, run: Run) -> dict[str, Any]:
+    js = run_jobs(session, run.id)
+    by_stage = {j.run_stage: j for j in js}
+    spec = run.spec or {}
+    arts: list[Artifact] = list(session.scalars(
+        select(Artifact).where(Artifact.producer_job.in_([j.id for j in js]))
+        .order_by(Artifact.created_at))) if js else []
+    target_id, dataset_id = spec.get("target_id"), spec.get("dataset_id")
+    # The run's input dataset is the root of its lineage, though no job of the run made it.
+    ds = session.get(Dataset, dataset_id) if dataset_id else None
+    root = session.get(Artifact, ds.artifact_id) if ds is not None and ds.artifact_id else None
+    if root is not None and root not in arts:
+        arts.insert(0, root)
+    by_id = {a.id: a for a in arts}
+    targets = _names(session, Target, {target_id})
+    datasets = _names(session, Dataset, {dataset_id})
+    users = _names(session, User, {run.owner_id, *(j.owner_id for j in js)})
+    stage_of: dict = {j.id: j.run_stage for j in js}
+
+    def template_sha(a: Artifact, seen: frozenset = frozenset()) -> str | None:
+        """The chat template an artifact was made with: its own record, else its inputs'."""
+        sha = (a.meta or {}).get("chat_template_sha256")
+        if sha:
+            return sha
+        for i in a.inputs or []:
+            if i in by_id and i not in seen:
+                got = template_sha(by_id[i], seen | {a.id})
+                if got:
+                    return got
+        return None
+
+    lineage = [{"id": a.id, "kind": a.kind,
+                "stage": stage_of.get(a.producer_job) or ("input" if a is root else None),
+                "job_id": a.producer_job,
+                # The artifacts it was made from (the target has its own field).
+                "inputs": [i for i in a.inputs or [] if i != target_id], "bytes": a.bytes,
+                "created_at": a.created_at,
+                "dataset": {"id": dataset_id, "name": datasets.get(dataset_id)},
+                "target": {"id": target_id, "name": targets.get(target_id)},
+                "chat_template_sha256": template_sha(a)} for a in arts]
+
+    ev_job, tr_job = by_stage.get("evaluate"), by_stage.get("train")
+    ev_art = next((a for a in arts if ev_job and a.producer_job == ev_job.id
+                   and a.kind == "eval_report"), None)
+    drafter = next((a for a in arts if tr_job and a.producer_job == tr_job.id
+                    and a.kind == "drafter"), None)
+    rep = _eval_report(ev_art)
+    summary = {**((ev_job.metrics_summary or {}) if ev_job else {}), **(run.report or {})}
+    evaluation = {k: rep.get(k, summary.get(k)) for k in EVAL_KEYS}
+    evaluation["tau_baseline"] = evaluation["tau_baseline"] or (rep.get("baseline") or {}).get("tau")
+    evaluation["tau_sim_baseline"] = (evaluation["tau_sim_baseline"]
+                                      or (rep.get("baseline") or {}).get("tau_sim"))
+    files = {f["path"] for f in (ev_art.files if ev_art else [])}
+    return {
+        "run": {"id": run.id, "name": run.name, "status": run.status,
+                "owner": {"id": run.owner_id, "name": users.get(run.owner_id)},
+                "created_at": run.created_at, "finished_at": run.finished_at,
+                "drafter_type": (spec.get("drafter") or {}).get("type"), "mode": spec.get("mode")},
+        "target": {"id": target_id, "name": targets.get(target_id)},
+        "dataset": {"id": dataset_id, "name": datasets.get(dataset_id)},
+        "stages": [{"stage": j.run_stage, "job_id": j.id, "status": j.status,
+                    "attempt": j.attempt, "owner": {"id": j.owner_id, "name": users.get(j.owner_id)},
+                    "error": j.error, "reused_from": j.reused_from,
+                    "started_at": j.started_at, "finished_at": j.finished_at} for j in js],
+        "evaluation": evaluation,
+        "per_position": _per_position(rep),
+        "curves": {"job_id": tr_job.id if tr_job else None, "x": "step",
+                   "series": _curves(session, tr_job.id if tr_job else None)},
+        "plots": [{"artifact_id": ev_art.id, "path": p,
+                   "url": f"/v1/artifacts/{ev_art.id}/files/{p}"}
+                  for p in PLOT_FILES if ev_art and p in files],
+        "drafter": ({"artifact_id": drafter.id, "uri": drafter.uri,
+                     "serve_command": (drafter.meta or {}).get("vllm_serve_command"),
+                     "steps": (drafter.meta or {}).get("steps"),
+                     "final_loss": (drafter.meta or {}).get("final_loss")} if drafter else None),
+        "lineage": lineage,
+    }

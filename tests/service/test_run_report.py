@@ -1,0 +1,133 @@
+"""The run report people read, in a real headless Chromium (Debian's `chromium` and
+`chromium-driver`, driven by selenium) on the dashboard's run page, and in
+`draftyard runs show`. Screenshots are kept under tmp/artifacts/run-report/ (or
+$DRAFTYARD_TEST_ARTIFACTS): look at them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.service.test_cli import cli
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+SHOTS = Path(os.environ.get("DRAFTYARD_TEST_ARTIFACTS") or REPO / "tmp" / "artifacts") / "run-report"
+
+
+@pytest.fixture
+def browser():
+    if not (CHROMIUM and DRIVER):
+        pytest.skip("chromium and chromedriver are needed (apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--window-size=1280,1000", "--hide-scrollbars"):
+        opts.add_argument(a)
+    d = webdriver.Chrome(options=opts, service=webdriver.ChromeService(executable_path=DRIVER))
+    d.set_page_load_timeout(60)
+    try:
+        yield d
+    finally:
+        d.quit()
+
+
+def _shoot(d, name: str) -> Path:
+    """A full-page screenshot (the window grown to the page's height)."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    d.set_window_size(1280, 800)  # measured afresh: a shorter page gets a shorter shot
+    h = d.execute_script("window.scrollTo(0, 0); return document.documentElement.scrollHeight")
+    d.set_window_size(1280, min(max(h, 800), 6000))
+    p = SHOTS / f"{name}.png"
+    assert d.save_screenshot(str(p)) and p.stat().st_size > 10_000, p
+    print(f"screenshot: {p}")
+    return p
+
+
+def test_run_page_in_chromium(api, server, reported_run, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    d, run, user = browser, reported_run["run"], reported_run["user"]
+    d.get(f"{server}/ui")
+    d.execute_script("localStorage.setItem('draftyard_token', arguments[0])", reported_run["token"])
+    d.get(f"{server}/ui#run/{run['id']}")
+    d.refresh()
+    wait = WebDriverWait(d, 30)
+    wait.until(lambda d: d.find_elements(By.ID, "lineage"))
+    wait.until(lambda d: d.execute_script(
+        "const i = document.getElementById('eval-plot'); return i && i.complete && i.naturalWidth"))
+    el = {i: d.find_element(By.ID, i) for i in (
+        "verdict", "tau", "per-position-chart", "loss-chart", "acceptance-curve", "eval-plot",
+        "serve-command", "copy-serve", "lineage", "run-owner")}
+    rep = api.get(f"/v1/runs/{run['id']}/report").json()
+    ev = rep["evaluation"]
+
+    # Verdict first: above everything else the report shows.
+    assert el["verdict"].text.lower().startswith(f"verdict: {ev['verdict']}")
+    assert all(el["verdict"].location["y"] < el[k].location["y"] for k in
+               ("tau", "per-position-chart", "loss-chart", "eval-plot", "lineage"))
+    assert f"{ev['tau']:.2f}" in el["tau"].text and f"{ev['tau_baseline']:.2f}" in el["tau"].text
+    # Charts with axes, axis titles and units; bars per position for trained and untrained.
+    pp = el["per-position-chart"]
+    assert pp.find_element(By.CSS_SELECTOR, ".x-label").text == "draft position k"
+    assert "accepted" in pp.find_element(By.CSS_SELECTOR, ".y-label").text
+    assert len(pp.find_elements(By.CSS_SELECTOR, "rect[height]")) >= \
+        len(rep["per_position"]["trained"]) + len(rep["per_position"]["untrained"])
+    assert pp.find_elements(By.CSS_SELECTOR, ".x-axis") and pp.find_elements(By.CSS_SELECTOR, ".y-axis")
+    labels = [t.text for t in pp.find_elements(By.CSS_SELECTOR, ".bar-value")]
+    assert labels[0] == f"{round(rep['per_position']['trained'][0] * 100)}%", labels
+    loss = el["loss-chart"]
+    assert loss.find_element(By.CSS_SELECTOR, ".x-label").text == "optimizer step"
+    assert "nats" in loss.find_element(By.CSS_SELECTOR, ".y-label").text
+    assert loss.find_elements(By.CSS_SELECTOR, "polyline")
+    assert el["acceptance-curve"].find_elements(By.CSS_SELECTOR, "polyline")
+    assert d.execute_script("return document.getElementById('eval-plot').naturalWidth") >= 400
+    # The serve command and its copy button (listener, not an inline handler).
+    assert el["serve-command"].text == rep["drafter"]["serve_command"]
+    assert el["copy-serve"].get_attribute("onclick") is None
+    el["copy-serve"].click()
+    wait.until(lambda d: d.find_element(By.ID, "copy-serve").text == "Copied")
+    # Lineage: every artifact, with its dataset, template hash and target; owner by name.
+    rows = el["lineage"].find_elements(By.CSS_SELECTOR, "tr")[1:]
+    assert len(rows) == len(rep["lineage"]) >= 5
+    for row, a in zip(rows, rep["lineage"]):
+        assert a["id"] in row.text and "report-chat" in row.text and "tiny-report" in row.text
+        if a["chat_template_sha256"]:
+            assert a["chat_template_sha256"][:12] in row.text
+    assert el["run-owner"].text == user["name"]
+    assert "usr_" not in d.find_element(By.TAG_NAME, "main").text
+    _shoot(d, "run-page")
+
+    d.get(f"{server}/ui#runs")  # the list links to the page and names owners too
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"a[href='#run/{run['id']}']"))
+    assert user["name"] in d.find_element(By.TAG_NAME, "main").text
+    _shoot(d, "runs-list")
+
+
+def test_runs_show_in_the_terminal(api, reported_run):
+    run, user = reported_run["run"], reported_run["user"]
+    r = cli(api, "runs", "show", run["id"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    rep = api.get(f"/v1/runs/{run['id']}/report").json()
+    ev = rep["evaluation"]
+    lines = out.splitlines()
+    assert lines[1].startswith(f"VERDICT: {ev['verdict'].upper()}"), out  # after the title
+    assert f"owner {user['name']}" in lines[0]
+    assert f"trained {ev['tau']:.2f} vs untrained {ev['tau_baseline']:.2f}" in out
+    assert "acceptance per draft position" in out and "P(first k drafts accepted)" in out
+    assert "training loss (cross-entropy, nats)" in out and " step" in out
+    assert rep["drafter"]["serve_command"] in out.replace("\n", "")
+    assert "lineage of every artifact" in out
+    for a in rep["lineage"]:
+        assert a["id"] in out
+    (SHOTS).mkdir(parents=True, exist_ok=True)
+    (SHOTS / "runs-show.txt").write_text(out)
+    r = cli(api, "runs", "show", "run_nope")
+    assert r.returncode == 1 and "not_found" in r.stdout
