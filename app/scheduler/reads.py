@@ -75,16 +75,21 @@ def _aware(t: datetime, tz) -> datetime:
 
 def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]:
     """Nodes (schedulable = alive, heartbeat fresh, not draining) with their free GPUs, the
-    free CPU slots, and the GPUs each owner holds now: one statement."""
+    free CPU slots, and the GPUs each owner holds now: one statement. Each node's `holders`
+    are the jobs on its GPUs, with what preemption needs to know of them."""
+    from app.scheduler.preempt import Holder
+
     cutoff = utcnow() - timedelta(seconds=get_settings().stale_after_s)
     cpu_busy = select(func.count()).select_from(Job).where(
         Job.gpus_requested == 0, Job.status.in_(ACTIVE)).scalar_subquery()
     states: dict[str, NodeState] = {}
     held: dict[str, int] = {}
+    by_job: dict[str, Holder] = {}
     cpu_total, busy = 0, 0
     for r in session.execute(
             select(Node.name, Node.alive, Node.draining, Node.last_heartbeat, Node.cpu_slots,
-                   Gpu.index, Gpu.job_id, Job.owner_id, cpu_busy)
+                   Gpu.index, Gpu.job_id, Job.owner_id, cpu_busy, Job.priority, Job.status,
+                   Job.preemptible, Job.preempt_by, Job.preemption, Job.started_at)
             .select_from(Node).outerjoin(Gpu, Gpu.node == Node.name)
             .outerjoin(Job, Job.id == Gpu.job_id)):
         busy = r[8] or 0
@@ -101,6 +106,14 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
             st.free.append(r.index)
         elif r.owner_id is not None:
             held[r.owner_id] = held.get(r.owner_id, 0) + 1
+            h = by_job.get(r.job_id)
+            if h is None:
+                h = by_job[r.job_id] = Holder(
+                    r.job_id, r.priority, [], bool(r.preemptible), r.status == "running",
+                    r.preempt_by, list((r.preemption or {}).get("history") or []),
+                    r.started_at.timestamp() if r.started_at else 0.0)
+                st.holders.append(h)
+            h.gpus.append(r.index)
     if not states:
         busy = session.scalar(cpu_busy) or 0
     return list(states.values()), max(0, cpu_total - busy), held
