@@ -49,6 +49,14 @@ def transition(session: Session, job: Job, new: S, *, reason: str | None = None,
     if reason:
         data["reason"] = reason
     add_event(session, job.id, "status", data)
+    _notify_webhooks(session, job, old, new.value)
+
+
+def _notify_webhooks(session: Session, job: Job, old: str | None, new: str) -> None:
+    """Subscriber: the owner's webhooks (outbox rows in this same transaction)."""
+    from app.webhooks.service import on_job_status
+
+    on_job_status(session, job, old, new)
 
 
 def cas_status(session: Session, job_id: str, old: S, new: S, **fields: Any) -> bool:

@@ -135,6 +135,7 @@ def refresh_run(session: Session, run_id: str) -> Run | None:
     if run is None:
         return None
     js = run_jobs(session, run_id)
+    old = run.status
     run.status = overall_status([j.status for j in js])
     if run.status in ("succeeded", "failed", "cancelled"):
         run.finished_at = run.finished_at or utcnow()
@@ -144,7 +145,15 @@ def refresh_run(session: Session, run_id: str) -> Run | None:
     if ev is not None and ev.outputs:
         art = session.get(Artifact, ev.outputs[0])
         run.report = {"artifact_id": art.id if art else None, **(ev.metrics_summary or {})}
+    _notify_webhooks(session, run, old)
     return run
+
+
+def _notify_webhooks(session: Session, run: Run, old: str | None) -> None:
+    """Subscriber: the owner's webhooks hear of a run's end (outbox rows, same transaction)."""
+    from app.webhooks.service import on_run_status
+
+    on_run_status(session, run, old, run.status)
 
 
 def get_run(session: Session, run_id: str) -> Run:
