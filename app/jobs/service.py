@@ -143,10 +143,10 @@ def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: st
 
     if body.priority > 80 and not user.is_admin:
         raise Forbidden("priority above 80 is for admins", param="priority", code="priority_admin_only")
+    preemptible = _preemptible(user, body.type.value, body.preemptible)
     if validate_params is not None:
         body.params = validate_params(body.type.value, body.params)
     deps = check_inputs(session, body.type.value, body.inputs)
-    preemptible = _preemptible(user, body.type.value, body.preemptible)
     job = Job(id=new_id("job"), type=body.type.value, name=body.name, owner_id=user.id,
               status=S.pending.value, priority=body.priority, gpus_requested=body.gpus,
               inputs=body.inputs, params=body.params, depends_on=deps, force=body.force,
