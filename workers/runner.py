@@ -148,7 +148,9 @@ def finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | Non
             s.flush()
             transition(s, job, S.succeeded, outputs=out_ids,
                        metrics_summary=outcome.result or {})
-        elif outcome.preempted and status == S.running:
+        elif outcome.preempted and status == S.running and not outcome.error:
+            # It yielded (exit on SIGTERM, or SIGKILL after the grace): resume later. A stage
+            # that reported its own error while stopping failed for that reason instead.
             requeue_preempted(s, job)
         elif status == S.cancelling or (outcome.cancelled and status != S.succeeded):
             transition(s, job, S.cancelled, error={"code": "cancelled",

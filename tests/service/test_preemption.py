@@ -20,7 +20,7 @@ from tests.stages.conftest import shared_fixtures
 # the supervisor's poll (0.25 s), the train step in flight and its checkpoint, the stage's
 # exit and the dispatch. About 3-6 s on an idle machine; bounded with room for a shared CI.
 START_BOUND_S = 30.0
-STEPS = 40
+STEPS = 16
 
 
 @pytest.fixture
@@ -39,11 +39,6 @@ def stack():
         st.close()
 
 
-def _user(st: Stack, name: str) -> str:
-    with st.client() as c:
-        r = c.post("/v1/users", json={"name": name, "role": "member"})
-        assert r.status_code == 201, r.text
-        return r.json()["token"]
 
 
 def _train_run(st: Stack, c) -> dict:
@@ -80,7 +75,7 @@ def _train_run(st: Stack, c) -> dict:
 
 
 def test_urgent_job_preempts_train_which_resumes_to_the_same_step_count(stack):
-    alice, bob = _user(stack, "alice"), _user(stack, "bob")
+    alice, bob = stack.user("alice"), stack.user("bob")
     with Receiver() as rx, stack.client(alice) as a, stack.client(bob) as b:
         hook = a.post("/v1/webhooks", json={"url": rx.url, "events": ["job.preempted"]})
         assert hook.status_code == 201, hook.text
@@ -136,3 +131,25 @@ def test_urgent_job_preempts_train_which_resumes_to_the_same_step_count(stack):
         ev = json.loads(rx.snapshot()[0]["body"])
         assert ev["type"] == "job.preempted" and ev["data"]["job"]["id"] == tid
         assert ev["data"]["job"]["preemption"]["by"] == urgent["id"]
+
+
+def test_preemptible_rules_per_type_and_admin_exemption(api, member):
+    """train is preemptible by default and only an admin exempts one; types that do not
+    resume cannot be preemptible; owners may opt in, only admins opt out."""
+    r = member.post("/v1/jobs", {"type": "train", "preemptible": False, "params": {}})
+    assert r.status_code == 403 and r.json()["error"]["param"] == "preemptible", r.text
+    r = member.post("/v1/jobs", {"type": "prepare", "preemptible": True, "params": {}})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "preemptible", r.text
+    job = member.submit(type="probe", params={"sleep_s": 30}, preemptible=True)
+    plain = member.submit(type="probe", params={})
+    try:
+        assert job["preemptible"] is True and job["preemption"] is None
+        assert plain["preemptible"] is False  # the default of a type that is not train
+        r = member.post(f"/v1/jobs/{job['id']}/preemptible", {"preemptible": False})
+        assert r.status_code == 403, r.text
+        r = api.post(f"/v1/jobs/{job['id']}/preemptible", {"preemptible": False})
+        assert r.status_code == 200 and r.json()["preemptible"] is False, r.text
+        assert api.job(job["id"])["preemptible"] is False
+    finally:
+        for j in (job, plain):
+            api.post(f"/v1/jobs/{j['id']}/cancel")

@@ -31,11 +31,6 @@ def stack():
         st.close()
 
 
-def _user(st: Stack, name: str):
-    with st.client() as c:
-        r = c.post("/v1/users", json={"name": name, "role": "member"})
-        assert r.status_code == 201, r.text
-        return r.json()["token"]
 
 
 def _member_token(api) -> str:
@@ -79,7 +74,7 @@ def test_register_validate_list_delete(api, member):
 
 
 def test_deliveries_survive_failures_and_an_api_restart(stack):
-    tok = _user(stack, "hookuser")
+    tok = stack.user("hookuser")
     with Receiver(fail_first=2) as rx:
         with stack.client(tok) as c:
             hook = c.post("/v1/webhooks", json={"url": rx.url, "events": [
