@@ -31,7 +31,7 @@ class JobCreate(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     force: bool = False
     preemptible: bool | None = Field(
-        None, description="may the scheduler stop this job (it checkpoints and is requeued) "
+        default=None, description="may the scheduler stop this job (it checkpoints and is requeued) "
         "for a higher-priority one; default true for train, false otherwise; only train, "
         "generate, extract and probe can be; false on a train job is admin only")
 

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import httpx
 from sqlalchemy import or_, select, update
@@ -39,7 +40,7 @@ def backoff_s(attempts: int) -> float:
     return min(s.webhook_backoff_max_s, s.webhook_backoff_s * 2 ** max(0, attempts - 1))
 
 
-def _claim(limit: int) -> list[tuple]:
+def _claim(limit: int) -> list[Any]:
     cfg = get_settings()
     now = utcnow()
     with unit_of_work() as s:
