@@ -42,7 +42,8 @@ def stack():
 
 
 def _train_run(st: Stack, c) -> dict:
-    """prepare -> extract -> train (2 GPUs, priority 20) on a tiny Qwen3 target."""
+    """prepare -> train (online: hidden states from the HF target in-process, one stage
+    process fewer than offline), 2 GPUs, priority 20, on a tiny Qwen3 target."""
     from workers.stages.tinymodel import build_tiny_target
 
     d = build_tiny_target(st.home / "models" / "tiny", arch="qwen3")
@@ -57,13 +58,13 @@ def _train_run(st: Stack, c) -> dict:
     ds = c.post("/v1/datasets", json={"name": "d", "path": str(data)}).json()
     wait_for(lambda: c.get(f"/v1/datasets/{ds['id']}").json()["status"] == "ready", 120, 0.3,
              "ingest")
-    body = {"name": "low", "priority": 20, "target_id": target.json()["id"],
+    body = {"name": "low", "priority": 20, "target_id": target.json()["id"], "mode": "online",
             "dataset_id": ds["id"],
             "drafter": {"type": "dflash", "num_layers": 1, "block_size": 4,
                         "draft_vocab_size": 256},
             "chat_template_kwargs": {"enable_thinking": False},
             "stages": {"generate": None, "prepare": {"seq_length": 256},
-                       "extract": {"dtype": "float32", "backend": "hf"},
+                       "extract": None,
                        # No periodic checkpoint: the one it resumes from is the SIGTERM one.
                        "train": {"max_steps": STEPS, "epochs": 100, "seq_length": 256,
                                  "checkpoint_every": 1000, "log_every": 1, "gpus": 2,
@@ -76,6 +77,7 @@ def _train_run(st: Stack, c) -> dict:
 
 def test_urgent_job_preempts_train_which_resumes_to_the_same_step_count(stack):
     alice, bob = stack.user("alice"), stack.user("bob")
+    t_begin = time.time()
     with Receiver() as rx, stack.client(alice) as a, stack.client(bob) as b:
         hook = a.post("/v1/webhooks", json={"url": rx.url, "events": ["job.preempted"]})
         assert hook.status_code == 201, hook.text
@@ -83,6 +85,7 @@ def test_urgent_job_preempts_train_which_resumes_to_the_same_step_count(stack):
         train = next(j for j in run["jobs"] if j["run_stage"] == "train")
         assert train["preemptible"] and train["priority"] == 20
         tid = train["id"]
+        t_run = time.time()
         wait_for(lambda: len(a.get(f"/v1/jobs/{tid}/metrics").json().get("loss", [])) >= 3,
                  300, 0.3, "train to log a few steps")
         assert sorted(g["index"] for g in a.get(f"/v1/jobs/{tid}").json()["gpus_assigned"]) \
@@ -116,8 +119,12 @@ def test_urgent_job_preempts_train_which_resumes_to_the_same_step_count(stack):
         assert b.get(f"/v1/jobs/{same['id']}").json()["status"] == "queued"
         assert b.get(f"/v1/jobs/{same['id']}").json()["attempt"] == 1
         # The train job resumes (before the equal-priority probe: it queued first) and ends.
+        t_steps = time.time()
         done = wait_for(lambda: (x := a.get(f"/v1/runs/{run['id']}").json())["status"]
                         in ("succeeded", "failed") and x, 400, 1, "the run to finish")
+        print(f"phases: setup+ingest {t_run - t_begin:.0f}s, prepare+train to step 3 "
+              f"{t0 - t_run:.0f}s, urgent start {started_after:.1f}s, resume to the end "
+              f"{time.time() - t_steps:.0f}s")
         assert done["status"] == "succeeded", done
         t = a.get(f"/v1/jobs/{tid}").json()
         summary = t["metrics_summary"]
