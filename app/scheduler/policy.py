@@ -202,7 +202,10 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
     for job_id, n in gpu_waits:
         text = _free_text(nodes, n)
         mine = [nd for nd, j in out.reserved.items() if j == job_id]
-        if mine:
+        if mine and (held_for or {}).get(mine[0]) == job_id:
+            text += (f"; lower-priority jobs on {mine[0]} are checkpointing to yield their "
+                     "GPUs to it (preemption)")
+        elif mine:
             text += f"; waited over {backfill_bound_s:g}s, so {mine[0]} is held for it"
         out.reasons[job_id] = text
     return out

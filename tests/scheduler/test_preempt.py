@@ -72,6 +72,7 @@ def test_a_plan_holds_the_node_for_the_job_preemption_frees_it_for():
                                                                      preempt_by="urgent")]}))
     assert p.dispatch == []
     assert "being freed by preemption for urgent" in p.reasons["small"]
+    assert "checkpointing to yield their GPUs to it" in p.reasons["urgent"]
     nodes = [NodeState("n", [0, 1], 2)]
     p = plan(waiting, nodes, {}, now=NOW, held_for={"n": "urgent"})
     assert p.dispatch[0] == ("urgent", "n", [0, 1])

@@ -79,7 +79,8 @@ def test_urgent_job_preempts_train_which_resumes_to_the_same_step_count(stack):
     alice, bob = stack.user("alice"), stack.user("bob")
     t_begin = time.time()
     with Receiver() as rx, stack.client(alice) as a, stack.client(bob) as b:
-        hook = a.post("/v1/webhooks", json={"url": rx.url, "events": ["job.preempted"]})
+        hook = a.post("/v1/webhooks", json={"url": rx.url, "events": ["job.preempted",
+                                                                 "run.succeeded"]})
         assert hook.status_code == 201, hook.text
         run = _train_run(stack, a)
         train = next(j for j in run["jobs"] if j["run_stage"] == "train")
@@ -134,10 +135,12 @@ def test_urgent_job_preempts_train_which_resumes_to_the_same_step_count(stack):
         steps = [s for s, _ in a.get(f"/v1/jobs/{tid}/metrics").json()["loss"]]
         assert sorted(steps) == list(range(1, STEPS + 1)), steps  # each step once
         assert b.get(f"/v1/jobs/{urgent['id']}").json()["status"] == "succeeded"
-        wait_for(lambda: rx.snapshot(), 30, 0.2, "the job.preempted webhook")
-        ev = json.loads(rx.snapshot()[0]["body"])
-        assert ev["type"] == "job.preempted" and ev["data"]["job"]["id"] == tid
-        assert ev["data"]["job"]["preemption"]["by"] == urgent["id"]
+        wait_for(lambda: len(rx.snapshot()) >= 2, 30, 0.2, "the two webhooks")
+        evs = {e["type"]: e for e in (json.loads(r["body"]) for r in rx.snapshot())}
+        assert len(rx.snapshot()) == 2 and set(evs) == {"job.preempted", "run.succeeded"}
+        assert evs["job.preempted"]["data"]["job"]["id"] == tid
+        assert evs["job.preempted"]["data"]["job"]["preemption"]["by"] == urgent["id"]
+        assert evs["run.succeeded"]["data"]["run"]["id"] == run["id"]
 
 
 def test_preemptible_rules_per_type_and_admin_exemption(api, member):
