@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.responses import ORJSONResponse
@@ -19,16 +20,31 @@ from app.plans.routes import router as plans
 from app.runs.routes import router as runs
 from app.targets.routes import router as targets
 from app.users.routes import router as users
+from app.webhooks.routes import router as webhooks
+from app.webhooks.sender import Sender
 from app.wiring import wire
 
 
 def create_app() -> FastAPI:
     wire()
-    app = FastAPI(title="draftyard", version="0.1.0", default_response_class=ORJSONResponse)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        # The webhook outbox is sent from the API process; pending deliveries are in the DB,
+        # so a restarted API picks up where the last one stopped.
+        sender = Sender()
+        sender.start()
+        try:
+            yield
+        finally:
+            sender.stop()
+
+    app = FastAPI(title="draftyard", version="0.1.0", default_response_class=ORJSONResponse,
+                  lifespan=lifespan)
     install_handlers(app)
     app.add_middleware(RequestIdMiddleware)
     for r in (health, users, jobs, cluster, targets, datasets, artifacts, runs, plans,
-              dashboard):
+              webhooks, dashboard):
         app.include_router(r)
     logging.getLogger("draftyard").setLevel(logging.INFO)
     return app

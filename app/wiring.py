@@ -14,6 +14,7 @@ from app.jobs.states import TERMINAL, JobStatus
 from app.runs.service import on_job_status as run_follows_job
 from app.scheduler.nudge import nudge_after_commit
 from app.scheduler.service import SCHEDULING
+from app.webhooks.service import on_job_status as webhooks_hear
 
 
 def _wake_scheduler(session: Session, ev: StatusChanged) -> None:
@@ -25,8 +26,14 @@ def _wake_scheduler(session: Session, ev: StatusChanged) -> None:
         nudge_after_commit(session)
 
 
+def _webhooks(session: Session, ev: StatusChanged) -> None:
+    """The owner's webhooks hear of a job's end or preemption (outbox rows, same transaction)."""
+    webhooks_hear(session, ev.job, ev.old, ev.new)
+
+
 def wire() -> None:
     subscribe(dataset_follows_job)
     subscribe(run_follows_job)
     subscribe(_wake_scheduler)
+    subscribe(_webhooks)
     subscribe_wake(nudge_after_commit)

@@ -19,7 +19,8 @@ from app.core.config import get_settings
 from app.core.db import unit_of_work, utcnow
 from app.jobs.inputs import Unresolved, resolve
 from app.jobs.logs import read_tail
-from app.jobs.service import add_event, cas_status, release_gpus, transition
+from app.jobs.service import (add_event, cas_status, release_gpus, requeue_preempted,
+                              transition)
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, Job
 from workers.publish import ArtifactMissing, Published, publish_artifacts
@@ -38,8 +39,10 @@ def claim(job_id: str, node: str) -> bool:
         if job.gpus_requested and job.node != node:
             return False
         now = utcnow()
+        # preempt_by=None: a request to yield was for the attempt before this one.
         return cas_status(s, job_id, S.dispatched, S.running, started_at=now, heartbeat_at=now,
-                          node=node, worker=f"{socket.gethostname()}:{os.getpid()}")
+                          node=node, worker=f"{socket.gethostname()}:{os.getpid()}",
+                          preempt_by=None)
 
 
 def _job_dir(job_id: str) -> Path:
@@ -129,6 +132,10 @@ def record_outcome(s: Session, job: Job, outcome: StageOutcome, published: list[
         s.flush()
         transition(s, job, S.succeeded, outputs=[p.id for p in published],
                    metrics_summary=outcome.result or {})
+    elif outcome.preempted and status == S.running and not outcome.error:
+        # It yielded (exit on SIGTERM, or SIGKILL after the grace): resume later. A stage
+        # that reported its own error while stopping failed for that reason instead.
+        requeue_preempted(s, job)
     elif status == S.cancelling or (outcome.cancelled and status != S.succeeded):
         transition(s, job, S.cancelled, error={"code": "cancelled",
                                                "message": "cancelled while running"})

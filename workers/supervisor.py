@@ -1,6 +1,6 @@
 """Runs one stage as a child process in its own process group and turns what it reports into
-job state: events, progress (with rate and ETA), heartbeats, cancel (SIGTERM to the group, then
-SIGKILL after a grace period), and on exit the artifacts and the final status."""
+job state: events, progress (with rate and ETA), heartbeats, cancel and preemption (SIGTERM to
+the group, then SIGKILL after a grace period), and on exit the artifacts and the final status."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from procgroup import die_with_parent, signal_group
 log = logging.getLogger("draftyard.supervisor")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOST = "lost"  # _pump_events: this attempt no longer owns the job
+PREEMPTING = "preempting"  # _pump_events: running, and the scheduler asked it to yield
 
 
 @dataclass
@@ -52,6 +53,8 @@ class StageOutcome:
     # The job was taken from this worker (reaped and requeued, or failed) while the stage
     # ran: the stage was killed and nothing of this attempt may be recorded.
     lost: bool = False
+    # The scheduler asked this attempt to yield its GPUs (workers/runner.py requeues it).
+    preempted: bool = False
 
 
 class Supervisor:
@@ -102,6 +105,8 @@ class Supervisor:
         assert self.proc is not None
         last_hb = 0.0
         cancel_at: float | None = None
+        grace = self.settings.cancel_grace_s
+        preempted = False
         killed = False
         while True:
             rc = self.proc.poll()
@@ -117,18 +122,24 @@ class Supervisor:
                 self._signal_group(signal.SIGKILL)
                 self.proc.wait()
                 return StageOutcome(-signal.SIGKILL, False, None, None, [], lost=True)
-            if status in ("cancelling", "cancelled") and cancel_at is None:
+            if status in ("cancelling", "cancelled", PREEMPTING) and cancel_at is None:
+                # The stage checkpoints on SIGTERM (train at its next step boundary).
                 cancel_at = now
+                preempted = status == PREEMPTING
+                if preempted:
+                    grace = self.settings.preempt_grace_s
+                    log.info("job %s: preempted; asking the stage to checkpoint and exit",
+                             self.job_id)
                 self._signal_group(signal.SIGTERM)
-            if cancel_at is not None and not killed and now - cancel_at > self.settings.cancel_grace_s:
+            if cancel_at is not None and not killed and now - cancel_at > grace:
                 self._signal_group(signal.SIGKILL)
                 killed = True
             if rc is not None:
                 # Stragglers of the group (a vLLM server, torchrun workers) go with the stage.
                 self._signal_group(signal.SIGKILL)
                 self._pump_events(heartbeat=False)
-                return StageOutcome(rc, cancel_at is not None, self.error, self.result,
-                                    self.artifacts)
+                return StageOutcome(rc, cancel_at is not None and not preempted, self.error,
+                                    self.result, self.artifacts, preempted=preempted)
             time.sleep(0.1 if cancel_at else 0.25)
 
     def _pump_events(self, heartbeat: bool) -> str | None:
@@ -147,12 +158,12 @@ class Supervisor:
                     continue
         if not lines and not heartbeat:
             with unit_of_work() as s:
-                row = s.execute(select(Job.status, Job.attempt)
+                row = s.execute(select(Job.status, Job.attempt, Job.preempt_by)
                                 .where(Job.id == self.job_id)).first()
                 return self._status_if_ours(row)
         with unit_of_work() as s:
             job = s.get(Job, self.job_id)
-            status = self._status_if_ours(job and (job.status, job.attempt))
+            status = self._status_if_ours(job and (job.status, job.attempt, job.preempt_by))
             if status == LOST:
                 return LOST  # another attempt's events and heartbeat are not ours to write
             for ev in lines:
@@ -164,11 +175,11 @@ class Supervisor:
         """The job's status, or LOST when this attempt no longer owns it."""
         if row is None:
             return LOST
-        status, attempt = row
+        status, attempt, preempt_by = row
         if status not in ("running", "cancelling", "cancelled") or (
                 self.attempt is not None and attempt != self.attempt):
             return LOST
-        return status
+        return PREEMPTING if status == "running" and preempt_by else status
 
     def _apply(self, s, job: Job, ev: dict) -> None:
         kind, data = ev.get("kind"), ev.get("data") or {}

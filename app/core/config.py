@@ -30,6 +30,18 @@ class Settings(BaseSettings):
     # A big job may be passed by smaller ones only for this long (aging bound).
     backfill_bound_s: float = 300.0
     cpu_slots: int = 2  # concurrent CPU (gpus=0) jobs per node
+    # Preemption (issue 16): a job is preempted at most this often per hour, so a stream of
+    # urgent jobs cannot keep one run restarting forever; a stage asked to yield gets this
+    # long to checkpoint before SIGKILL.
+    preempt_max_per_hour: int = 2
+    preempt_grace_s: float = 120.0
+    # Webhooks: retries with exponential backoff (base * 2**(attempt-1), capped), then the
+    # delivery is marked failed; the sender polls the outbox every webhook_poll_s.
+    webhook_max_attempts: int = 8
+    webhook_backoff_s: float = 5.0
+    webhook_backoff_max_s: float = 3600.0
+    webhook_timeout_s: float = 10.0
+    webhook_poll_s: float = 1.0
     log_level: str = "info"
 
     @model_validator(mode="after")

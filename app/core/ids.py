@@ -7,7 +7,7 @@ import os
 import time
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
-PREFIXES = ("ds", "job", "run", "art", "tgt", "usr", "tok")
+PREFIXES = ("ds", "job", "run", "art", "tgt", "usr", "tok", "wh", "evt")
 
 
 def _b32(n: int, length: int) -> str:

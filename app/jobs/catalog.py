@@ -31,5 +31,11 @@ STAGE_VERSIONS: dict[str, int] = {
     "probe": 1, "ingest": 1, "mix": 1, "generate": 1, "prepare": 1, "extract": 1,
     "train": 1, "evaluate": 1,
 }
+# Preemption (issue 16): a type may be preempted only if a requeued attempt continues from
+# what the stopped one saved in work_dir. train checkpoints on SIGTERM and is preemptible by
+# default; generate and extract resume from their finished shards/samples and probe has
+# nothing to lose, so they may opt in with `preemptible: true`; the others cannot.
+PREEMPTIBLE_BY_DEFAULT = frozenset({"train"})
+RESUMABLE = frozenset({"train", "generate", "extract", "probe"})
 # Probe jobs are diagnostics: never reuse one.
 NEVER_REUSE = frozenset({"probe"})

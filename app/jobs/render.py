@@ -4,8 +4,33 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from app.core.config import get_settings
+from app.core.db import utcnow
 from app.jobs.service import gpus_of
 from app.models import Job
+from app.scheduler.preempt import HOUR_S, recent
+
+
+def preemption_read(job: Job) -> dict | None:
+    """Why the job was last preempted, how often lately, and when it may resume (and be
+    preempted again: not while it was preempted preempt_max_per_hour times within an hour)."""
+    p = job.preemption
+    if not p:
+        return None
+    from datetime import datetime, timezone
+
+    hist = recent(p.get("history"), utcnow().timestamp())
+    cap = get_settings().preempt_max_per_hour
+    out = {k: p.get(k) for k in ("by", "by_priority", "by_owner", "at", "attempt", "node",
+                                 "reason")}
+    out["count_last_hour"] = len(hist)
+    out["protected_until"] = (datetime.fromtimestamp(min(hist) + HOUR_S, timezone.utc)
+                              if len(hist) >= cap else None)
+    if job.status in ("queued", "pending"):
+        out["may_resume"] = (f"as soon as {job.gpus_requested} GPUs are free on one node "
+                             "(it keeps its place in the queue and resumes from its last "
+                             "checkpoint); now: " + (job.pending_reason or "being scheduled"))
+    return out
 
 
 def job_read(job: Job, gpus: list[dict] | None = None) -> dict:
@@ -21,6 +46,9 @@ def job_read(job: Job, gpus: list[dict] | None = None) -> dict:
         "error": err, "attempt": job.attempt, "reused_from": job.reused_from,
         "created_at": job.created_at, "started_at": job.started_at,
         "finished_at": job.finished_at, "run_id": job.run_id, "run_stage": job.run_stage,
+        "preemptible": job.preemptible,
+        "preempting_for": job.preempt_by if job.status == "running" else None,
+        "preemption": preemption_read(job),
     }
 
 

@@ -18,7 +18,7 @@ from app.core.reads import typed
 from app.jobs import logs, service
 from app.jobs.params import validate_params
 from app.jobs.render import job_read, jobs_read
-from app.jobs.schemas import JobCreate, JobList, JobRead, PriorityUpdate
+from app.jobs.schemas import JobCreate, JobList, JobRead, PreemptibleUpdate, PriorityUpdate
 from app.jobs.states import TERMINAL
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -68,6 +68,13 @@ def set_priority(job_id: str, body: PriorityUpdate, user: Principal = Depends(cu
                  session: Session = DB):
     return typed(job_read(service.set_priority(session, user, service.get_job(session, job_id),
                                                body.priority)))
+
+
+@router.post("/{job_id}/preemptible", response_model=JobRead)
+def set_preemptible(job_id: str, body: PreemptibleUpdate, user: Principal = Depends(current_user),
+                    session: Session = DB):
+    return typed(job_read(service.set_preemptible(session, user, service.get_job(session, job_id),
+                                                  body.preemptible)))
 
 
 @router.post("/{job_id}/hold", response_model=JobRead)

@@ -30,6 +30,15 @@ class JobCreate(BaseModel):
     inputs: dict[str, Any] = Field(default_factory=dict)
     params: dict[str, Any] = Field(default_factory=dict)
     force: bool = False
+    preemptible: bool | None = Field(
+        default=None, description="may the scheduler stop this job (it checkpoints and is requeued) "
+        "for a higher-priority one; default true for train, false otherwise; only train, "
+        "generate, extract and probe can be; false on a train job is admin only")
+
+
+class PreemptibleUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    preemptible: bool
 
 
 class ReadModel(BaseModel):
@@ -91,6 +100,9 @@ class JobRead(ReadModel):
     finished_at: datetime | None
     run_id: str | None
     run_stage: str | None
+    preemptible: bool = False
+    preempting_for: str | None = None
+    preemption: dict[str, Any] | None = None
 
 
 class JobList(ReadModel):

@@ -18,6 +18,7 @@ from app.jobs.lifecycle import announce, queue_changed
 from app.jobs.schemas import JobCreate
 from app.jobs.states import TERMINAL, IllegalTransition, JobStatus, check
 from app.models import Artifact, Dataset, Gpu, GpuLease, Job, JobEvent, Target, User
+from app.scheduler.preempt import recent
 
 S = JobStatus
 
@@ -142,13 +143,15 @@ def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: st
                run_stage: str | None = None, validate_params=None) -> Job:
     if body.priority > 80 and not user.is_admin:
         raise Forbidden("priority above 80 is for admins", param="priority", code="priority_admin_only")
+    preemptible = _preemptible(user, body.type.value, body.preemptible)
     if validate_params is not None:
         body.params = validate_params(body.type.value, body.params)
     deps = check_inputs(session, body.type.value, body.inputs)
     job = Job(id=new_id("job"), type=body.type.value, name=body.name, owner_id=user.id,
               status=S.pending.value, priority=body.priority, gpus_requested=body.gpus,
               inputs=body.inputs, params=body.params, depends_on=deps, force=body.force,
-              run_id=run_id, run_stage=run_stage, max_attempts=get_settings().max_attempts)
+              run_id=run_id, run_stage=run_stage, max_attempts=get_settings().max_attempts,
+              preemptible=preemptible)
     session.add(job)
     session.flush()
     add_event(session, job.id, "status", {"from": None, "to": S.pending.value})
@@ -157,6 +160,50 @@ def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: st
     else:
         transition(session, job, S.queued)
     return job
+
+
+def _preemptible(user: Principal, type_: str, asked: bool | None) -> bool:
+    """The preemption rule of app/jobs/catalog.py; only an admin may exempt a job of a type
+    that is preemptible by default (else everyone would)."""
+    if asked is None:
+        return type_ in catalog.PREEMPTIBLE_BY_DEFAULT
+    if asked and type_ not in catalog.RESUMABLE:
+        raise Invalid(f"a {type_} job cannot be preempted: it does not resume from a "
+                      f"checkpoint (preemptible types: {', '.join(sorted(catalog.RESUMABLE))})",
+                      param="preemptible", code="not_preemptible")
+    if not asked and type_ in catalog.PREEMPTIBLE_BY_DEFAULT and not user.is_admin:
+        raise Forbidden(f"only an admin may mark a {type_} job non-preemptible",
+                        param="preemptible", code="admin_only")
+    return asked
+
+
+def set_preemptible(session: Session, user: Principal, job: Job, preemptible: bool) -> Job:
+    """Admins may exempt any job (or make it preemptible again); owners may only opt in."""
+    if not preemptible and not user.is_admin:
+        raise Forbidden("marking a job non-preemptible is an admin action", code="admin_only",
+                        param="preemptible")
+    _may_act(user, job)
+    job.preemptible = _preemptible(user, job.type, preemptible)
+    add_event(session, job.id, "status", {"preemptible": job.preemptible, "by": user.name})
+    return job
+
+
+def requeue_preempted(session: Session, job: Job) -> None:
+    """A running job whose stage yielded to `job.preempt_by`: back to queued (its age kept,
+    so it resumes first among its priority), attempt + 1, from its checkpoint."""
+    by = session.get(Job, job.preempt_by) if job.preempt_by else None
+    now = utcnow()
+    info = {"by": job.preempt_by, "by_priority": by.priority if by else None,
+            "by_owner": by.owner_id if by else None, "at": now.isoformat(),
+            "attempt": job.attempt, "node": job.node,
+            "reason": f"{job.preempt_by} (priority {by.priority if by else '?'}) needed the "
+                      f"GPUs on {job.node}; this job has priority {job.priority}"}
+    history = recent((job.preemption or {}).get("history"), now.timestamp())
+    transition(session, job, S.queued, reason=f"preempted by {job.preempt_by}",
+               attempt=job.attempt + 1, node=None, started_at=None, progress=None,
+               preempt_by=None, preemption={**info, "history": history + [now.timestamp()]})
+    job.max_attempts += 1  # not a fault: the reaper's budget of retries stays whole
+    add_event(session, job.id, "preempted", info)
 
 
 # ---- reads ------------------------------------------------------------------------------

@@ -42,6 +42,12 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
     worker: Mapped[str | None] = mapped_column(String(200), default=None)
+    # Preemption (app/scheduler/preempt.py): whether the scheduler may stop this job for a
+    # higher-priority one; while it is being stopped, the job that waits for its GPUs; and
+    # the last preemption ({by, by_priority, at, history: [epoch s in the last hour]}).
+    preemptible: Mapped[bool] = mapped_column(default=False)
+    preempt_by: Mapped[str | None] = mapped_column(String(40), default=None)
+    preemption: Mapped[dict | None] = mapped_column(default=None)
 
     __table_args__ = (Index("ix_jobs_status_priority", "status", "priority", "queued_at"),)
 

@@ -16,6 +16,7 @@ from app.jobs.params import validate_params
 from app.jobs.render import jobs_read
 from app.jobs.schemas import JobCreate, JobType
 from app.models import Artifact, Dataset, Job, Run, Target
+from app.webhooks.service import on_run_status
 from contracts.run import STAGE_ORDER, RunSpec, RunSpecError, StageJob
 
 
@@ -95,6 +96,7 @@ def refresh_run(session: Session, run_id: str) -> Run | None:
     if run is None:
         return None
     js = run_jobs(session, run_id)
+    old = run.status
     run.status = overall_status([j.status for j in js])
     if run.status in ("succeeded", "failed", "cancelled"):
         run.finished_at = run.finished_at or utcnow()
@@ -104,6 +106,7 @@ def refresh_run(session: Session, run_id: str) -> Run | None:
     if ev is not None and ev.outputs:
         art = session.get(Artifact, ev.outputs[0])
         run.report = {"artifact_id": art.id if art else None, **(ev.metrics_summary or {})}
+    on_run_status(session, run, old, run.status)  # the owner's webhooks (outbox, same transaction)
     return run
 
 

@@ -35,6 +35,8 @@ class NodeState:
     total: int
     cpu_free: int = 0
     schedulable: bool = True  # alive and not draining
+    # Jobs holding its GPUs (preempt.Holder), read only for preemption decisions.
+    holders: list = field(default_factory=list)
 
 
 @dataclass
@@ -51,6 +53,8 @@ class Plan:
     # set, jobs past the top that could not start anyway are left out.
     order: list[str] = field(default_factory=list)
     reserved: dict[str, str] = field(default_factory=dict)  # node -> aged job holding it
+    # Jobs that wait only for GPUs to free up (candidates to preempt for; app/scheduler/preempt.py).
+    gpu_waits: list[str] = field(default_factory=list)
 
 
 def _place(nodes: list[NodeState], n: int, skip: dict[str, str]) -> NodeState | None:
@@ -95,15 +99,18 @@ def could_matter(w: Waiting, most_free: int, cpu_free: int, now: float,
 
 def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage], *,
          now: float, quota: int = 0, backfill_bound_s: float = 300.0, cpu_free: int = 0,
-         top: int | None = None, presorted: bool = False) -> Plan:
+         top: int | None = None, presorted: bool = False,
+         held_for: dict[str, str] | None = None) -> Plan:
     """Decide what starts now and why the rest waits.
 
     `top`: how many waiting jobs need a position and a reason; past it the walk stops as soon
     as nothing else could start (keeps a decision cheap with thousands queued).
+    `held_for`: node -> job whose preemptions free that node (only that job starts there).
     `presorted`: `waiting` is already in `job_order` (the database sorted it; sorting 10,000
     jobs in Python would cost more than the rest of a decision).
     """
     out = Plan()
+    out.reserved.update(held_for or {})
     nodes = [NodeState(nd.name, list(nd.free), nd.total, nd.cpu_free, nd.schedulable)
              for nd in nodes]
     usage = {k: Usage(v.gpus_held, v.gpu_hours) for k, v in usage.items()}
@@ -167,7 +174,8 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
                                  "no schedulable node with GPUs is registered")
         elif quota and (u := usage.get(owner) or Usage()).gpus_held + w.gpus > quota:
             out.reasons[w.id] = f"user quota {quota} GPUs reached ({u.gpus_held} held)"
-        elif (nd := _place(nodes, w.gpus, out.reserved)) is not None:
+        elif (nd := _place(nodes, w.gpus, {k: v for k, v in out.reserved.items() if v != w.id}
+                           if held_for else out.reserved)) is not None:
             take = sorted(nd.free)[: w.gpus]
             nd.free = [i for i in nd.free if i not in take]
             usage.setdefault(owner, Usage()).gpus_held += w.gpus
@@ -175,11 +183,14 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
             started = True
         elif _place(nodes, w.gpus, {}) is not None:
             # It would fit, but only on nodes held back for older jobs.
-            holders = sorted(set(out.reserved.values()))
+            holders = sorted(set(out.reserved.values()) - set((held_for or {}).values()))
+            freed = sorted(set((held_for or {}).values()))
             out.reasons[w.id] = (f"GPUs held back for {', '.join(holders)}, waiting longer than "
-                                 f"{backfill_bound_s:g}s")
+                                 f"{backfill_bound_s:g}s" if holders else
+                                 f"GPUs being freed by preemption for {', '.join(freed)}")
         else:
             gpu_waits.append((w.id, w.gpus))
+            out.gpu_waits.append(w.id)
             if now - w.queued_at > backfill_bound_s:
                 r = _reserve_for(nodes, w.gpus, out.reserved)
                 if r is not None:
@@ -191,7 +202,10 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
     for job_id, n in gpu_waits:
         text = _free_text(nodes, n)
         mine = [nd for nd, j in out.reserved.items() if j == job_id]
-        if mine:
+        if mine and (held_for or {}).get(mine[0]) == job_id:
+            text += (f"; lower-priority jobs on {mine[0]} are checkpointing to yield their "
+                     "GPUs to it (preemption)")
+        elif mine:
             text += f"; waited over {backfill_bound_s:g}s, so {mine[0]} is held for it"
         out.reasons[job_id] = text
     return out

@@ -20,6 +20,7 @@ from app.jobs import catalog
 from app.jobs.states import ACTIVE
 from app.models import Gpu, GpuLease, Job, Node
 from app.scheduler.policy import NodeState, Usage
+from app.scheduler.preempt import Holder
 
 USAGE_WINDOW_H = 24  # "recent GPU-hours" of fair share
 HOURS_TTL_S = 2.0  # how stale a decision may read the GPU-hours (they move by seconds)
@@ -76,16 +77,19 @@ def _aware(t: datetime, tz) -> datetime:
 
 def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]:
     """Nodes (schedulable = alive, heartbeat fresh, not draining) with their free GPUs, the
-    free CPU slots, and the GPUs each owner holds now: one statement."""
+    free CPU slots, and the GPUs each owner holds now: one statement. Each node's `holders`
+    are the jobs on its GPUs, with what preemption needs to know of them."""
     cutoff = utcnow() - timedelta(seconds=get_settings().stale_after_s)
     cpu_busy = select(func.count()).select_from(Job).where(
         Job.gpus_requested == 0, Job.status.in_(ACTIVE)).scalar_subquery()
     states: dict[str, NodeState] = {}
     held: dict[str, int] = {}
+    by_job: dict[str, Holder] = {}
     cpu_total, busy = 0, 0
     for r in session.execute(
             select(Node.name, Node.alive, Node.draining, Node.last_heartbeat, Node.cpu_slots,
-                   Gpu.index, Gpu.job_id, Job.owner_id, cpu_busy)
+                   Gpu.index, Gpu.job_id, Job.owner_id, cpu_busy, Job.priority, Job.status,
+                   Job.preemptible, Job.preempt_by, Job.preemption, Job.started_at)
             .select_from(Node).outerjoin(Gpu, Gpu.node == Node.name)
             .outerjoin(Job, Job.id == Gpu.job_id)):
         busy = r[8] or 0
@@ -102,6 +106,14 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
             st.free.append(r.index)  # type: ignore[arg-type]  # the column, not tuple.index
         elif r.owner_id is not None:
             held[r.owner_id] = held.get(r.owner_id, 0) + 1
+            h = by_job.get(r.job_id)
+            if h is None:
+                h = by_job[r.job_id] = Holder(
+                    r.job_id, r.priority, [], bool(r.preemptible), r.status == "running",
+                    r.preempt_by, list((r.preemption or {}).get("history") or []),
+                    r.started_at.timestamp() if r.started_at else 0.0)
+                st.holders.append(h)
+            h.gpus.append(r.index)  # type: ignore[arg-type]  # the column, not tuple.index
     if not states:
         busy = session.scalar(select(cpu_busy)) or 0
     return list(states.values()), max(0, cpu_total - busy), held

@@ -23,6 +23,7 @@ from app.jobs.inputs import Unresolved, fingerprint, resolve
 from app.jobs.service import add_event, transition
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, GpuLease, Job
+from app.scheduler import preempt
 from app.scheduler.policy import Usage, Waiting, plan
 from app.scheduler.reads import (GPUS, HELD, ID, NEEDS_FP, OWNER, PRIO, QAT, POS, REASON,
                                  STATUS, node_states, queued_in_order, recent_gpu_hours,
@@ -151,7 +152,8 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
         usage = {o: Usage(held.get(o, 0), hours.get(o, 0.0)) for o in set(held) | set(hours)}
         p = plan(waiting, nodes, usage, now=now_ts, quota=cfg.user_gpu_quota,
                  backfill_bound_s=cfg.backfill_bound_s, cpu_free=cpu_free,
-                 top=REASONS_TOP if with_reasons else 0, presorted=True)
+                 top=REASONS_TOP if with_reasons else 0, presorted=True,
+                 held_for=preempt.held_for({nd.name: nd.holders for nd in nodes}))
     owners = {r[ID]: r[OWNER] for r in rows}
     # Lease start after the GPU rows were read: a GPU freed by a commit that this pass saw
     # was released before this instant, so the lease history never shows a false overlap.
@@ -160,6 +162,8 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
     for job_id, node, idx in p.dispatch:
         if _dispatch(session, job_id, owners[job_id], node, idx, now):
             sent.append((job_id, f"gpu.{node}" if idx else "cpu"))
+    if p.gpu_waits:
+        _preempt(session, p, rows, nodes, now, cfg.preempt_max_per_hour)
     if with_reasons:
         _write_reasons(session, p, rows, {j for j, _, _ in p.dispatch})
     if sent:
@@ -168,6 +172,34 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
                 send_run_job(job_id, queue)
         after_commit(session, _send)
     return [j for j, _ in sent]
+
+
+def _preempt(session: Session, p, rows, nodes, now, max_per_hour: int) -> None:
+    """Ask lower-priority preemptible jobs to yield to jobs that wait for GPUs: mark them
+    (`preempt_by`); their supervisors SIGTERM the stage, which checkpoints and exits, and
+    workers/runner.py requeues them. Their GPUs go to the waiting job on a later pass."""
+    by_id = {r[ID]: r for r in rows}
+    waiters = [(j, by_id[j][PRIO], by_id[j][GPUS]) for j in p.gpu_waits if j in by_id]
+    taken: dict[str, set[int]] = {}
+    for _j, node, idx in p.dispatch:
+        if node:
+            taken.setdefault(node, set()).update(idx)
+    live = [nd for nd in nodes if nd.schedulable]
+    free = {nd.name: len(set(nd.free) - taken.get(nd.name, set())) for nd in live}
+    chosen = preempt.choose(waiters, free, {nd.name: nd.total for nd in live},
+                            {nd.name: nd.holders for nd in live}, now=now.timestamp(),
+                            max_per_hour=max_per_hour)
+    for c in chosen:
+        for victim in c.victims:
+            # Still running and not yet asked: a job that ended since the read keeps its end.
+            res = session.execute(update(Job).where(Job.id == victim, Job.status == "running",
+                                                    Job.preempt_by.is_(None))
+                                  .values(preempt_by=c.waiter))
+            if rowcount(res) == 1:
+                add_event(session, victim, "log", {
+                    "message": f"preempting: {c.waiter} (priority {c.waiter_priority}) needs "
+                               f"the GPUs on {c.node}; checkpointing, then requeued"})
+                log.info("preempting %s on %s for %s", victim, c.node, c.waiter)
 
 
 # The job (still queued, not held: it may have been cancelled or held since it was read),

@@ -140,6 +140,13 @@ class Stack:
         return httpx.Client(base_url=self.url, timeout=30,
                             headers={"Authorization": f"Bearer {token or self.token}"})
 
+    def user(self, name: str, role: str = "member") -> str:
+        """A new user of this deployment; returns its token."""
+        with self.client() as c:
+            r = c.post("/v1/users", json={"name": name, "role": role})
+            r.raise_for_status()
+            return r.json()["token"]
+
     def wait_nodes(self, names: list[str], timeout: float = 60) -> None:
         with self.client() as c:
             deadline = time.time() + timeout

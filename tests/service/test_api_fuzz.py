@@ -13,13 +13,14 @@ from hypothesis import strategies as st
 RUN_KEYS = ["name", "target_id", "dataset_id", "drafter", "stages", "mode",
             "chat_template_kwargs", "force", "priority", "force_plan", "plan_sample"]
 KEYS = {
-    "/v1/jobs": ["type", "name", "priority", "gpus", "inputs", "params", "force"],
+    "/v1/jobs": ["type", "name", "priority", "gpus", "inputs", "params", "force", "preemptible"],
     "/v1/runs": RUN_KEYS,
     "/v1/plans": RUN_KEYS,
     "/v1/datasets": ["name", "path", "format"],
     "/v1/datasets/mix": ["name", "sources", "dedupe", "seed"],
     "/v1/targets": ["name", "path", "tokenizer_path", "chat_template", "chat_template_kwargs"],
     "/v1/users": ["name", "role"],
+    "/v1/webhooks": ["url", "events"],
 }
 # Values a well-meaning client might send in the right place, mixed with junk.
 PLAUSIBLE = st.sampled_from(["probe", "generate", "prepare", "train", "dflash", "eagle3",
@@ -63,6 +64,8 @@ def _cleanup(api, r) -> None:
             api.post(f"/v1/jobs/{rid}/cancel")
         elif rid.startswith("run_"):
             api.post(f"/v1/runs/{rid}/cancel")
+        elif rid.startswith("wh_"):
+            api.delete(f"/v1/webhooks/{rid}")
 
 
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True,

@@ -1,0 +1,157 @@
+"""Webhooks per user (issue 16): registration, the outbox of deliveries written in the same
+transaction as the state change that causes them, and the delivery log.
+
+Events: job.succeeded|failed|cancelled|preempted and run.succeeded|failed|cancelled, sent
+to the webhooks of the job's (run's) owner. A body is fixed when the event happens (it is
+what is signed, and every retry sends the same bytes with the same event id)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from urllib.parse import urlsplit
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.auth import Principal
+from app.core.db import utcnow
+from app.core.errors import Invalid, NotFound
+from app.core.ids import new_id
+from app.core.pagination import Page, paginate
+from app.models import Job, Run, Webhook, WebhookDelivery
+
+JOB_EVENTS = ("job.succeeded", "job.failed", "job.cancelled", "job.preempted")
+RUN_EVENTS = ("run.succeeded", "run.failed", "run.cancelled")
+EVENTS = JOB_EVENTS + RUN_EVENTS
+MAX_HOOKS_PER_USER = 20
+
+
+def check_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Invalid(f"url {url!r} must be an absolute http:// or https:// URL", param="url",
+                      code="invalid_url")
+    return url
+
+
+def check_events(events: list[str]) -> list[str]:
+    if not events:
+        raise Invalid(f"events must name at least one of {', '.join(EVENTS)}", param="events",
+                      code="invalid_events")
+    for i, e in enumerate(events):
+        if e not in EVENTS:
+            raise Invalid(f"events[{i}] {e!r} is not an event; known: {', '.join(EVENTS)}",
+                          param=f"events[{i}]", code="invalid_events")
+    return sorted(set(events), key=EVENTS.index)
+
+
+def create_webhook(session: Session, user: Principal, url: str,
+                   events: list[str]) -> tuple[Webhook, str]:
+    """The secret is returned here only; later reads never show it."""
+    check_url(url)
+    events = check_events(events)
+    n = len(list(session.scalars(select(Webhook.id).where(Webhook.owner_id == user.id))))
+    if n >= MAX_HOOKS_PER_USER:
+        raise Invalid(f"a user may have at most {MAX_HOOKS_PER_USER} webhooks; delete one",
+                      code="too_many_webhooks")
+    secret = "whsec_" + secrets.token_hex(24)
+    hook = Webhook(id=new_id("wh"), owner_id=user.id, url=url, events=events, secret=secret)
+    session.add(hook)
+    session.flush()
+    return hook, secret
+
+
+def get_webhook(session: Session, user: Principal, hook_id: str) -> Webhook:
+    hook = session.get(Webhook, hook_id)
+    # Another user's webhook is private: 404, as API.md says of private resources.
+    if hook is None or (hook.owner_id != user.id and not user.is_admin):
+        raise NotFound(f"webhook {hook_id} not found", param="id")
+    return hook
+
+
+def list_webhooks(session: Session, user: Principal, page: Page):
+    return paginate(session, select(Webhook).where(Webhook.owner_id == user.id), Webhook.id,
+                    page)
+
+
+def delete_webhook(session: Session, user: Principal, hook_id: str) -> None:
+    session.delete(get_webhook(session, user, hook_id))
+
+
+def list_deliveries(session: Session, hook: Webhook, page: Page, status: str | None = None):
+    stmt = select(WebhookDelivery).where(WebhookDelivery.webhook_id == hook.id)
+    if status:
+        stmt = stmt.where(WebhookDelivery.status == status)
+    if page.after:
+        try:
+            stmt = stmt.where(WebhookDelivery.id < int(page.after))
+        except ValueError:
+            raise Invalid("after must be a delivery id (an integer)", param="after") from None
+    rows = list(session.scalars(stmt.order_by(WebhookDelivery.id.desc()).limit(page.limit + 1)))
+    more = len(rows) > page.limit
+    rows = rows[: page.limit]
+    return rows, more, (str(rows[-1].id) if more and rows else None)
+
+
+def hook_read(h: Webhook, secret: str | None = None) -> dict:
+    out = {"id": h.id, "url": h.url, "events": h.events, "owner": h.owner_id,
+           "created_at": h.created_at}
+    if secret is not None:
+        out["secret"] = secret
+    return out
+
+
+def delivery_read(d: WebhookDelivery) -> dict:
+    return {"id": str(d.id), "event_id": d.event_id, "event": d.event, "status": d.status,
+            "attempts": d.attempts, "next_at": d.next_at if d.status == "pending" else None,
+            "last_status_code": d.last_status_code, "last_error": d.last_error,
+            "created_at": d.created_at, "delivered_at": d.delivered_at,
+            "payload": json.loads(d.body)}
+
+
+# ---- the outbox ---------------------------------------------------------------------------
+
+def enqueue(session: Session, owner_id: str, event: str, data: dict) -> str | None:
+    """One delivery per subscribed webhook of `owner_id`, sharing one event id; returns it."""
+    hooks = [h for h in session.scalars(select(Webhook).where(Webhook.owner_id == owner_id))
+             if event in (h.events or [])]
+    if not hooks:
+        return None
+    now = utcnow()
+    event_id = new_id("evt")
+    body = json.dumps({"id": event_id, "type": event, "created_at": now.isoformat(),
+                       "data": data}, default=str, separators=(",", ":"), sort_keys=True)
+    session.add_all([WebhookDelivery(webhook_id=h.id, event_id=event_id, event=event, body=body,
+                                     next_at=now, created_at=now) for h in hooks])
+    return event_id
+
+
+def _job_data(job: Job) -> dict:
+    return {"job": {"id": job.id, "type": job.type, "name": job.name, "owner": job.owner_id,
+                    "status": job.status, "attempt": job.attempt, "priority": job.priority,
+                    "run_id": job.run_id, "run_stage": job.run_stage, "error": job.error,
+                    "outputs": job.outputs, "preemption": job.preemption,
+                    "finished_at": job.finished_at}}
+
+
+def on_job_status(session: Session, job: Job, old: str | None, new: str) -> None:
+    """Subscriber of job status changes (called by app.jobs.service.transition)."""
+    if new in ("succeeded", "failed", "cancelled"):
+        enqueue(session, job.owner_id, f"job.{new}", _job_data(job))
+    elif old == "running" and new == "queued" and job.preemption and \
+            job.preemption.get("attempt") == job.attempt - 1:
+        data = _job_data(job)
+        data["job"]["preemption"] = {k: v for k, v in job.preemption.items() if k != "history"}
+        enqueue(session, job.owner_id, "job.preempted", data)
+
+
+def on_run_status(session: Session, run: Run, old: str | None, new: str) -> None:
+    """Subscriber of run status changes (called by app.runs.service.refresh_run)."""
+    if new != old and new in ("succeeded", "failed", "cancelled"):
+        enqueue(session, run.owner_id, f"run.{new}", {"run": {
+            "id": run.id, "name": run.name, "owner": run.owner_id, "status": run.status,
+            "report": run.report, "finished_at": run.finished_at}})
