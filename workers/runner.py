@@ -23,7 +23,8 @@ from app.jobs.service import add_event, cas_status, release_gpus, transition
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, Job
 from app.scheduler.nudge import nudge
-from workers.supervisor import StageOutcome, Supervisor
+from app.scheduler.reaper import fence_s, give_up_s
+from workers.supervisor import StageOutcome, Supervisor, retrying
 
 log = logging.getLogger("draftyard.worker")
 
@@ -98,6 +99,21 @@ def _ours(job: Job, attempt: int | None) -> bool:
 
 
 def finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | None = None) -> None:
+    """Record the outcome. All or nothing: if the commit fails (DB down), the artifacts that
+    were moved go back into out_dir, so a retry finds them where the stage left them."""
+    moved: list[tuple[Path, Path]] = []
+    try:
+        _finish(job_id, outcome, out_dir, attempt, moved)
+    except BaseException:
+        for src, dest in reversed(moved):
+            (dest / "manifest.json").unlink(missing_ok=True)
+            os.replace(dest, src)
+        raise
+    shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | None,
+            moved: list[tuple[Path, Path]]) -> None:
     settings = get_settings()
     with unit_of_work() as s:
         # Row lock: the reaper (SKIP LOCKED) cannot requeue the job under us meanwhile.
@@ -105,7 +121,6 @@ def finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | Non
         if outcome.lost or not _ours(job, attempt):
             log.warning("job %s attempt %s: no longer owned by this worker (now %s, attempt "
                         "%s); nothing recorded", job_id, attempt, job.status, job.attempt)
-            shutil.rmtree(out_dir, ignore_errors=True)
             return
         status = S(job.status)
         if outcome.returncode == 0 and status in (S.running, S.cancelling):
@@ -126,6 +141,7 @@ def finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | Non
                 dest = settings.artifacts_dir / a["kind"] / art_id
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(src, dest)  # atomic: the artifact appears whole or not at all
+                moved.append((src, dest))
                 size, files = _manifest(dest)
                 meta = {**(a.get("meta") or {}), "name": a.get("name")}
                 if isinstance(meta.get("vllm_serve_command"), str):
@@ -171,23 +187,31 @@ def finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | Non
         release_gpus(s, job_id)
         s.flush()
         hooks.on_finished(s, job)
-    shutil.rmtree(out_dir, ignore_errors=True)
 
 
 def run_job(job_id: str, node: str) -> str:
-    if not claim(job_id, node):
+    # A DB blip as the message arrives: retry (the reaper requeues an unclaimed dispatch).
+    if not retrying(lambda: claim(job_id, node), f"job {job_id}: claim",
+                    get_settings().stale_after_s / 2):
         log.info("job %s: nothing to claim (duplicate or stale delivery)", job_id)
         return "skipped"
     out_dir = None
     attempt = None
+    sup = None
     try:
-        spec_path, events, gpus, type_, attempt = prepare_spec(job_id)
+        spec_path, events, gpus, type_, attempt = retrying(
+            lambda: prepare_spec(job_id), f"job {job_id}: spec", give_up_s())
         out_dir = Path(json.loads(spec_path.read_text())["out_dir"])
         sup = Supervisor(job_id, type_, spec_path, spec_path.parent, events, gpus, attempt)
         sup.start()
         outcome = sup.watch()
-        finish(job_id, outcome, out_dir, attempt)
+        # The stage has ended: no process to fence, so keep trying to record its outcome
+        # until the reaper would take the job anyway (then finish records nothing).
+        retrying(lambda: finish(job_id, outcome, out_dir, attempt), f"job {job_id}: finish",
+                 fence_s())
     except Exception as e:  # noqa: BLE001  infrastructure failure: record it, never hang
+        if sup is not None:
+            sup.kill()  # nothing of this attempt may outlive its supervisor
         log.exception("job %s failed in the worker", job_id)
         with unit_of_work() as s:
             job = s.get(Job, job_id, with_for_update=True)

@@ -1,10 +1,16 @@
 """Runs one stage as a child process in its own process group and turns what it reports into
 job state: events, progress (with rate and ETA), heartbeats, cancel (SIGTERM to the group, then
-SIGKILL after a grace period), and on exit the artifacts and the final status."""
+SIGKILL after a grace period), and on exit the artifacts and the final status.
+
+Never twice (issue 17): a database outage does not end the watch; the stage keeps running and
+its events wait in the events file while the supervisor retries with backoff. Only after
+`give_up_s` without one successful heartbeat does it give up, and then it kills the stage's
+process group first: the reaper requeues a job only once its heartbeat is `fence_s` old
+(app/scheduler/reaper.py), by which time the old attempt is surely dead. The stage itself dies
+with the worker process (workers/stages/procs.watch_parent), whichever thread started it."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -16,25 +22,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.core.config import get_settings
 from app.core.db import unit_of_work, utcnow
 from app.jobs.service import add_event
 from app.models import Job
+from app.scheduler.reaper import give_up_s
+from workers.stages.procs import PARENT_ENV
 
 log = logging.getLogger("draftyard.supervisor")
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PR_SET_PDEATHSIG = 1
 LOST = "lost"  # _pump_events: this attempt no longer owns the job
+BACKOFF_MAX_S = 2.0  # retry the DB at least this often during an outage: recovery is quick
 
 
-def _die_with_parent() -> None:
-    # The stage dies if the worker thread that started it dies (a SIGKILLed worker must not
-    # leave an orphan stage running beside the retry that the reaper queues).
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
+class GaveUp(RuntimeError):
+    """The database stayed unreachable for give_up_s; the stage's group was killed first."""
+
+
+def retrying(fn, what: str, deadline_s: float):
+    """Call fn() until it gets through to the database, with backoff, for at most deadline_s;
+    then raise the last error. Other errors are not retried."""
+    t0, delay, n = time.monotonic(), 0.1, 0
+    while True:
+        try:
+            return fn()
+        except SQLAlchemyError as e:  # DB down or restarting: try again
+            n += 1
+            if n == 1:
+                log.warning("%s failed, retrying: %s", what, e)
+            if time.monotonic() - t0 + delay > deadline_s:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
 
 
 @dataclass
@@ -89,6 +110,7 @@ class Supervisor:
         env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
         env["PYTHONUNBUFFERED"] = "1"
         env["DRAFTYARD_JOB_ID"] = self.job_id
+        env[PARENT_ENV] = str(os.getpid())  # the stage dies when this process does
         logf = open(self.job_dir / "log.txt", "ab")  # noqa: SIM115 (kept by the child)
         logf.write(f"--- {utcnow().isoformat()} stage {self.type} starting "
                    f"(CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})\n".encode())
@@ -96,10 +118,14 @@ class Supervisor:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "workers.stages", self.type, "--spec", str(self.spec_path)],
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=str(self.job_dir), start_new_session=True, preexec_fn=_die_with_parent)
+            cwd=str(self.job_dir), start_new_session=True)
         logf.close()
-        with unit_of_work() as s:
-            add_event(s, self.job_id, "log", {"message": f"stage started, pid {self.proc.pid}"})
+
+        def _started():
+            with unit_of_work() as s:
+                add_event(s, self.job_id, "log",
+                          {"message": f"stage started, pid {self.proc.pid}"})
+        retrying(_started, f"job {self.job_id}: start event", give_up_s())
 
     def _signal_group(self, sig: int) -> None:
         try:
@@ -114,16 +140,44 @@ class Supervisor:
         except ProcessLookupError:
             return False
 
+    def kill(self) -> None:
+        """SIGKILL the stage's whole group and reap the leader (before giving the job up)."""
+        if self.proc is not None:
+            self._signal_group(signal.SIGKILL)
+            self.proc.wait()
+
     # -- the watch loop -------------------------------------------------------------------
     def watch(self) -> StageOutcome:
         assert self.proc is not None
         last_hb = 0.0
+        last_ok = retry_at = time.monotonic()  # last DB success; next DB try in an outage
+        delay = 0.0
         cancel_at: float | None = None
         killed = False
+        limit = give_up_s()
         while True:
             rc = self.proc.poll()
             now = time.monotonic()
-            status = self._pump_events(heartbeat=now - last_hb >= self.settings.heartbeat_s)
+            if now < retry_at:
+                time.sleep(0.25)
+                continue
+            try:
+                status = self._pump_events(heartbeat=now - last_hb >= self.settings.heartbeat_s)
+            except SQLAlchemyError as e:  # DB outage: the stage keeps running
+                if delay == 0.0:
+                    log.warning("job %s: DB unreachable, stage kept running: %s", self.job_id, e)
+                if time.monotonic() - last_ok > limit:
+                    # Fence: the reaper may requeue the job soon; nothing of ours may live on.
+                    log.error("job %s: DB unreachable for %.0fs; killing the stage",
+                              self.job_id, limit)
+                    self.kill()
+                    raise GaveUp(f"database unreachable for {limit:.0f}s") from e
+                delay = min(max(delay * 2, 0.25), BACKOFF_MAX_S)
+                retry_at = time.monotonic() + delay
+                continue
+            if delay:
+                log.warning("job %s: DB back after %.1fs", self.job_id, time.monotonic() - last_ok)
+            last_ok, delay = time.monotonic(), 0.0
             if now - last_hb >= self.settings.heartbeat_s:
                 last_hb = now
             if status == LOST:
@@ -131,8 +185,7 @@ class Supervisor:
                 # stop at once so no GPU carries two jobs and the job never runs twice.
                 log.warning("job %s attempt %s: taken from this worker; killing the stage",
                             self.job_id, self.attempt)
-                self._signal_group(signal.SIGKILL)
-                self.proc.wait()
+                self.kill()
                 return StageOutcome(-signal.SIGKILL, False, None, None, [], lost=True)
             if status in ("cancelling", "cancelled") and cancel_at is None:
                 cancel_at = now
@@ -143,39 +196,48 @@ class Supervisor:
             if rc is not None:
                 # Stragglers of the group (a vLLM server, torchrun workers) go with the stage.
                 self._signal_group(signal.SIGKILL)
-                self._pump_events(heartbeat=False)
+                # The last events were read by the pump above (after the exit), committed.
                 return StageOutcome(rc, cancel_at is not None, self.error, self.result,
                                     self.artifacts)
             time.sleep(0.1 if cancel_at else 0.25)
 
     def _pump_events(self, heartbeat: bool) -> str | None:
-        """Read new event lines into the DB; heartbeat; return the job's current status."""
+        """Read new event lines into the DB; heartbeat; return the job's current status. The
+        read position moves on only once the lines are committed: after a failed commit the
+        same lines are read again (a DB outage loses no event)."""
         lines: list[dict] = []
+        end = 0
         if self.events_path.exists():
             with open(self.events_path, "rb") as fh:
                 fh.seek(self._events_pos)
                 chunk = fh.read()
             end = chunk.rfind(b"\n") + 1  # only whole lines; a partial one waits
-            self._events_pos += end
             for raw in chunk[:end].splitlines():
                 try:
                     lines.append(json.loads(raw))
                 except ValueError:
                     continue
         if not lines and not heartbeat:
+            self._events_pos += end
             with unit_of_work() as s:
                 row = s.execute(select(Job.status, Job.attempt)
                                 .where(Job.id == self.job_id)).first()
                 return self._status_if_ours(row)
-        with unit_of_work() as s:
-            job = s.get(Job, self.job_id)
-            status = self._status_if_ours(job and (job.status, job.attempt))
-            if status == LOST:
-                return LOST  # another attempt's events and heartbeat are not ours to write
-            for ev in lines:
-                self._apply(s, job, ev)
-            job.heartbeat_at = utcnow()
-            return status
+        n_arts = len(self.artifacts)
+        try:
+            with unit_of_work() as s:
+                job = s.get(Job, self.job_id)
+                status = self._status_if_ours(job and (job.status, job.attempt))
+                if status == LOST:
+                    return LOST  # another attempt's events and heartbeat are not ours to write
+                for ev in lines:
+                    self._apply(s, job, ev)
+                job.heartbeat_at = utcnow()
+        except BaseException:
+            del self.artifacts[n_arts:]  # read again on the next try
+            raise
+        self._events_pos += end
+        return status
 
     def _status_if_ours(self, row) -> str:
         """The job's status, or LOST when this attempt no longer owns it."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +30,8 @@ from app.scheduler.reads import (GPUS, HELD, ID, NEEDS_FP, OWNER, PRIO, QAT, POS
 
 log = logging.getLogger("draftyard.scheduler")
 LOCK_KEY = 7_100_427  # pg_advisory_xact_lock key of the scheduler
+BROKER_PAUSE_S = 2.0  # after a refused send, this process dispatches nothing for a while
+_broker_down_until = 0.0  # (monotonic) so an outage does not dispatch and roll back each tick
 REASONS_TOP = 1000  # waiting jobs that get a queue_position and pending_reason
 
 
@@ -156,17 +159,45 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
     # was released before this instant, so the lease history never shows a false overlap.
     now = utcnow()
     sent: list[tuple[str, str]] = []
-    for job_id, node, idx in p.dispatch:
+    for job_id, node, idx in (p.dispatch if time.monotonic() >= _broker_down_until else []):
         if _dispatch(session, job_id, owners[job_id], node, idx, now):
             sent.append((job_id, f"gpu.{node}" if idx else "cpu"))
     if with_reasons:
         _write_reasons(session, p, rows, {j for j, _, _ in p.dispatch})
     if sent:
-        def _send(sent=sent):
-            for job_id, queue in sent:
-                send_run_job(job_id, queue)
-        after_commit(session, _send)
+        after_commit(session, lambda sent=sent: _send(sent))
     return [j for j, _ in sent]
+
+
+def _send(sent: list[tuple[str, str]]) -> None:
+    """Send the committed dispatches. One the broker refused (down) goes back to `queued`
+    with its GPUs freed at once (issue 17), instead of holding them in `dispatched` until the
+    reaper's stale rule; the next pass dispatches it again."""
+    failed = []
+    for job_id, queue in sent:
+        try:
+            send_run_job(job_id, queue)
+        except Exception as e:  # noqa: BLE001  broker down: roll this dispatch back
+            log.warning("dispatch of %s to %s not sent (%s); back to queued", job_id, queue, e)
+            failed.append(job_id)
+    if failed:
+        global _broker_down_until
+        _broker_down_until = time.monotonic() + BROKER_PAUSE_S
+        undispatch(failed, "broker unreachable; dispatch rolled back")
+
+
+def undispatch(job_ids: list[str], reason: str) -> None:
+    """dispatched -> queued with GPUs freed, for jobs no worker has claimed (a worker that
+    got the message anyway finds nothing to claim)."""
+    from app.core.db import unit_of_work
+    from app.jobs.service import release_gpus
+
+    with unit_of_work() as s:
+        for job in s.scalars(select(Job).where(Job.id.in_(job_ids),
+                                               Job.status == S.dispatched.value)
+                             .with_for_update()):
+            release_gpus(s, job.id)
+            transition(s, job, S.queued, reason=reason, node=None, pending_reason=reason)
 
 
 # The job (still queued, not held: it may have been cancelled or held since it was read),

@@ -12,6 +12,7 @@ import sys
 import traceback
 
 from workers.stages.common import StageContext, StageError, read_spec
+from workers.stages.procs import watch_parent
 
 STAGES = ("probe", "ingest", "mix", "generate", "prepare", "extract", "train", "evaluate",
           "plan")
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True, help="path to the job's spec.json")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm)
+    watch_parent()
 
     spec = read_spec(args.spec)
     ctx = StageContext.from_spec(spec)

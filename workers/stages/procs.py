@@ -8,8 +8,33 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+# The pid of the process that supervises a stage (set by workers/supervisor.py).
+PARENT_ENV = "DRAFTYARD_SUPERVISOR_PID"
+
+
+def watch_parent(poll_s: float = 0.5) -> None:
+    """Kill this process's whole group (the stage and what it started) as soon as the
+    supervising worker process is gone. PR_SET_PDEATHSIG cannot do this: it fires when the
+    *thread* that forked us exits (Celery pool threads outlive a failed supervisor and a
+    worker process outlives them) and it reaches only the direct child, not a vLLM server or
+    torchrun workers in the group. No-op when run alone from a shell."""
+    want = os.environ.get(PARENT_ENV)
+    if not want or not want.isdigit():
+        return
+
+    def _watch() -> None:
+        # getppid() changes when the parent dies (we are re-parented), also if it died
+        # before this thread started: compare with the pid recorded at spawn.
+        while os.getppid() == int(want):
+            time.sleep(poll_s)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=_watch, name="watch-parent", daemon=True).start()
 
 
 def group_members(pgid: int) -> list[int] | None:
@@ -29,6 +54,27 @@ def group_members(pgid: int) -> list[int] | None:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(d.name))
     return members
+
+
+def groups_where(pred: Callable[[dict[str, str]], bool]) -> set[int]:
+    """Process groups (other than ours) of the live processes whose environment satisfies
+    `pred` (e.g. what a dead worker's stages inherited), from /proc; empty without /proc."""
+    found: set[int] = set()
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    me = os.getpgrp()
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            raw = (d / "environ").read_bytes().decode(errors="replace")
+            env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+            if pred(env) and (pgid := os.getpgid(int(d.name))) != me:
+                found.add(pgid)
+        except OSError:
+            continue  # exited while we looked, or not ours to read
+    return found
 
 
 def group_alive(pgid: int) -> bool:
