@@ -63,11 +63,14 @@ class _Proc:
 
 
 class Stack:
-    def __init__(self, tag: str, redis_db: int, settings: dict[str, str] | None = None):
+    def __init__(self, tag: str, redis_db: int, settings: dict[str, str] | None = None,
+                 pg_admin: str | None = None, redis_base: str | None = None):
+        # pg_admin / redis_base: servers of its own (tests/faults/), else the session's.
+        self.pg_admin = pg_admin or PG_ADMIN
         self.dbname = f"dy_{tag}_{uuid.uuid4().hex[:8]}"
         self.home = Path(tempfile.mkdtemp(prefix=f"draftyard-{tag}-"))
-        self.db_url = PG_ADMIN.rsplit("/", 1)[0] + f"/{self.dbname}"
-        self.redis_url = f"{REDIS_BASE}/{redis_db}"
+        self.db_url = self.pg_admin.rsplit("/", 1)[0] + f"/{self.dbname}"
+        self.redis_url = f"{redis_base or REDIS_BASE}/{redis_db}"
         self.env = {**os.environ, "DRAFTYARD_DATABASE_URL": self.db_url,
                     "DRAFTYARD_BROKER_URL": self.redis_url, "DRAFTYARD_HOME": str(self.home),
                     "DRAFTYARD_HEARTBEAT_S": "0.5", "DRAFTYARD_STALE_AFTER_S": "6",
@@ -83,7 +86,7 @@ class Stack:
         """The database (migrated, with an admin whose token lands in home/admin_token)."""
         from sqlalchemy import create_engine, text
 
-        admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+        admin = create_engine(self.pg_admin, isolation_level="AUTOCOMMIT")
         with admin.connect() as c:
             c.execute(text(f'CREATE DATABASE "{self.dbname}"'))
         admin.dispose()
@@ -161,7 +164,7 @@ class Stack:
             self._engine.dispose()
         from sqlalchemy import create_engine, text
 
-        admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+        admin = create_engine(self.pg_admin, isolation_level="AUTOCOMMIT")
         with admin.connect() as c:
             c.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                            f"WHERE datname = '{self.dbname}' AND pid <> pg_backend_pid()"))
