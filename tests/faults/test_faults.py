@@ -6,11 +6,13 @@ lease leaked, recovery < 60 s, 503 with the error object while the DB is down).
 
 The default suite runs every fault briefly (4 s) on one deployment with stale_after_s=6 (a
 supervisor then rides out 9 s); the `slow` variants hold each fault 20 s with the production
-setting stale_after_s=20 (it rides out 30 s), each on a fresh deployment.
+setting stale_after_s=20 (it rides out 30 s), each on a fresh deployment. A full disk:
+test_disk_full.py. DRAFTYARD_FAULT_TABLE=file.jsonl collects one row per fault.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -30,19 +32,20 @@ def _during(fs: FaultStack, down_s: float) -> dict:
 
 
 def _end_load(load: dict) -> dict:
+    """Stop the load (before the fault ends: what it saw was all seen while down)."""
     load["stop"].set()
     load["thread"].join(60)
     return load["out"]
 
 
 def db_down(fs: FaultStack, down_s: float) -> dict:
-    long = fs.start_long(2, 1, down_s + 5)
+    long = fs.start_long(2, 1, down_s + 2)
     fs.pg.stop()  # fast shutdown: every connection cut
     load = _during(fs, down_s)
+    seen = _end_load(load)
     fs.pg.start()
     t_end = time.monotonic()
-    seen = _end_load(load)
-    assert seen["http"].get(503), seen
+    assert seen["http"].get(503) and set(seen["http"]) == {503}, seen  # every answer
     assert not seen["bad_bodies"], seen
     assert set(seen["error_codes"]) == {"database_unavailable"}, seen
     row = fs.check(f"PostgreSQL down {down_s:.0f}s", recovery_s=fs.canary(t_end), http_down=seen)
@@ -52,27 +55,29 @@ def db_down(fs: FaultStack, down_s: float) -> dict:
 
 
 def redis_down(fs: FaultStack, down_s: float) -> dict:
-    long = fs.start_long(2, 1, down_s + 5)
+    long = fs.start_long(2, 1, down_s + 2)
     fs.redis.stop()  # SIGKILL, and it comes back empty: queued messages are lost too
     load = _during(fs, down_s)
+    seen = _end_load(load)
     fs.redis.start()
     t_end = time.monotonic()
-    seen = _end_load(load)
     assert seen["http"].get(201), seen  # submitting works without the broker
     assert not any(c >= 500 for c in seen["http"] if isinstance(c, int)), seen
     row = fs.check(f"Redis down {down_s:.0f}s", recovery_s=fs.canary(t_end), http_down=seen)
     assert all(fs.job(j)["attempt"] == 1 for j in long)
+    # Dispatches the broker refused went back to the queue at once (GPUs freed).
+    assert fs.reasons()["broker unreachable; dispatch rolled back"] >= 1, fs.reasons()
     return row
 
 
 def api_killed(fs: FaultStack, down_s: float) -> dict:
-    long = fs.start_long(2, 1, down_s + 5)
+    long = fs.start_long(2, 1, down_s + 2)
     fs.stack.procs[0].kill(signal.SIGKILL)
     fs.stack.procs.pop(0)
     load = _during(fs, down_s)
+    seen = _end_load(load)
     fs.restart_api()
     t_end = time.monotonic()
-    seen = _end_load(load)
     assert seen["http"] == {"conn_error": seen["http"]["conn_error"]}, seen
     row = fs.check(f"API SIGKILL, {down_s:.0f}s down", recovery_s=fs.canary(t_end),
                    http_down=seen)
@@ -92,6 +97,9 @@ def worker_restarted(fs: FaultStack, down_s: float) -> dict:
     rec = max(back, fs.canary(t_end))
     row = fs.check(f"worker SIGKILL, restarted after {down_s:.0f}s", recovery_s=rec)
     assert all(fs.job(j)["attempt"] == 2 for j in long)
+    # Requeued by the restarted worker's registration, not by the reaper's timeout.
+    assert fs.reasons(long)["worker on node f1 restarted; requeued"] == len(long), \
+        fs.reasons(long)
     return row
 
 
@@ -104,13 +112,17 @@ def short_stack():
         fs.close()
 
 
+FAULTS = [db_down, redis_down, worker_restarted, api_killed]
+
+
 def test_every_fault_briefly_jobs_end_once_and_never_run_twice(short_stack):
-    for fault in (db_down, redis_down, worker_restarted, api_killed):
-        fault(short_stack, 4.0)
+    for fault in FAULTS:
+        if os.environ.get("DRAFTYARD_FAULTS", fault.__name__).find(fault.__name__) >= 0:
+            fault(short_stack, 4.0)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", [db_down, redis_down, worker_restarted, api_killed],
+@pytest.mark.parametrize("fault", FAULTS,
                          ids=lambda f: f.__name__)
 def test_fault_20s_with_production_timings(fault):
     fs = FaultStack(stale_s=20).up()

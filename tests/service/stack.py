@@ -64,11 +64,13 @@ class _Proc:
 
 class Stack:
     def __init__(self, tag: str, redis_db: int, settings: dict[str, str] | None = None,
-                 pg_admin: str | None = None, redis_base: str | None = None):
-        # pg_admin / redis_base: servers of its own (tests/faults/), else the session's.
+                 pg_admin: str | None = None, redis_base: str | None = None,
+                 home: Path | None = None):
+        # pg_admin / redis_base: servers of its own, home: a folder of its own (a small
+        # filesystem) (tests/faults/); else the session's servers and a fresh temp folder.
         self.pg_admin = pg_admin or PG_ADMIN
         self.dbname = f"dy_{tag}_{uuid.uuid4().hex[:8]}"
-        self.home = Path(tempfile.mkdtemp(prefix=f"draftyard-{tag}-"))
+        self.home = home or Path(tempfile.mkdtemp(prefix=f"draftyard-{tag}-"))
         self.db_url = self.pg_admin.rsplit("/", 1)[0] + f"/{self.dbname}"
         self.redis_url = f"{redis_base or REDIS_BASE}/{redis_db}"
         self.env = {**os.environ, "DRAFTYARD_DATABASE_URL": self.db_url,
