@@ -130,3 +130,31 @@ def test_fault_20s_with_production_timings(fault):
         fault(fs, 20.0)
     finally:
         fs.close()
+
+
+@pytest.mark.slow
+def test_db_down_past_give_up_kills_the_stage_first_then_one_requeue():
+    """An outage longer than a supervisor rides out (stale_after_s=2: it gives up after 3 s;
+    the reaper requeues after fence_s = 9 s): the stage is killed while the DB is still down,
+    before any new attempt can exist, and the job then runs once more and succeeds."""
+    fs = FaultStack(stale_s=2).up()
+    try:
+        (jid,) = fs.start_long(1, 0, 12)
+        (pid,) = fs.sampler.snapshot()[jid]
+        fs.pg.stop()
+        t0 = time.monotonic()
+        fs.wait(lambda: not fs.sampler.snapshot().get(jid), 20, "the stage to be killed")
+        killed_after = time.monotonic() - t0
+        assert killed_after < 8, killed_after  # give_up_s = 3 (+ a connect timeout)
+        print(f"stage killed {killed_after:.1f}s into the outage")
+        time.sleep(max(0.0, 8 - killed_after))
+        fs.pg.start()
+        t_end = time.monotonic()
+        j = fs.wait(lambda: (x := fs.job(jid))["attempt"] == 2 and x["status"] == "running"
+                    and x, 60, "attempt 2 to run")
+        assert fs.sampler.snapshot()[jid] != [pid]
+        rec = max(time.monotonic() - t_end, fs.canary(t_end))
+        fs.check("PostgreSQL down 8s > give-up 3s", recovery_s=rec)
+        assert fs.job(jid)["attempt"] == 2, j
+    finally:
+        fs.close()
