@@ -49,9 +49,13 @@ def kill_orphans(node: str) -> list[int]:
     from workers.stages.procs import PARENT_ENV, group_alive, groups_where
 
     mine = str(os.getpid())
+    # Same node of the same deployment only: another deployment on this machine (its own
+    # home and database) may use the same node name.
+    same = {k: os.environ.get(k) for k in ("DRAFTYARD_HOME", "DRAFTYARD_DATABASE_URL")}
     killed = []
     for pgid in groups_where(lambda env: env.get("DRAFTYARD_NODE") == node
-                             and env.get(PARENT_ENV, mine) != mine):
+                             and env.get(PARENT_ENV, mine) != mine
+                             and all(env.get(k) == v for k, v in same.items())):
         try:
             os.killpg(pgid, signal.SIGKILL)
             killed.append(pgid)

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
-from tests.faults.harness import FaultStack
+from tests.faults.harness import NODE, FaultStack
+from workers.stages.procs import PARENT_ENV
 
 
 def _during(fs: FaultStack, down_s: float) -> dict:
@@ -88,8 +91,16 @@ def api_killed(fs: FaultStack, down_s: float) -> dict:
 def worker_restarted(fs: FaultStack, down_s: float) -> dict:
     long = fs.start_long(2, 1, 6)
     fs.worker.kill(signal.SIGKILL)  # the worker's whole process group
+    # A stage the dead worker left behind that did not die by itself (stuck): the restarted
+    # worker must kill it before it requeues anything (fence by killing).
+    stuck = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "workers.stages"],
+        env={**fs.stack.env, "DRAFTYARD_NODE": NODE, PARENT_ENV: str(fs.worker.pid)},
+        start_new_session=True)
     time.sleep(down_s)
+    assert stuck.poll() is None
     fs.start_worker()  # same node name: its old jobs are requeued at registration
+    assert stuck.wait(5) == -signal.SIGKILL
     t_end = time.monotonic()
     fs.wait(lambda: all((j := fs.job(i))["status"] == "running" and j["attempt"] == 2
                         for i in long), 60, "the killed jobs to run again")
