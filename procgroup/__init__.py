@@ -7,8 +7,11 @@ app/ and workers/stages/ may both import it (tests/test_layering.py).
 
 Why groups: the servers and launchers the stages run (vLLM, torchrun) start their own
 children, and what holds GPU memory is often a grandchild, so a stop waits for the whole
-group, not only its leader. Why PR_SET_PDEATHSIG: a parent killed by SIGKILL runs no cleanup;
-the kernel's signal is the only thing that still reaches its child.
+group, not only its leader. Why PR_SET_PDEATHSIG (`die_with_parent`, for children of a
+process's main thread: the CLI's services, a stage's vLLM server): a parent killed by SIGKILL
+runs no cleanup; the kernel's signal is the only thing that still reaches its child. A stage
+started from a worker's pool thread uses `watch_parent` instead (the signal is tied to the
+forking thread, which outlives a failed supervisor, issue #17).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +48,28 @@ def signal_group(pgid: int, sig: int) -> None:
     """Signal a process group that may be gone already."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
+# The pid of the process that supervises a stage (set by workers/supervisor.py).
+PARENT_ENV = "DRAFTYARD_SUPERVISOR_PID"
+
+
+def watch_parent(poll_s: float = 0.5) -> None:
+    """Kill this process's whole group (the stage and what it started) as soon as the
+    supervising worker process is gone. PR_SET_PDEATHSIG cannot do this: it fires when the
+    *thread* that forked us exits (Celery pool threads outlive a failed supervisor and a
+    worker process outlives them) and it reaches only the direct child, not a vLLM server or
+    torchrun workers in the group. No-op when run alone from a shell."""
+    want = os.environ.get(PARENT_ENV)
+    if not want or not want.isdigit():
+        return
+
+    def _watch() -> None:
+        # getppid() changes when the parent dies (we are re-parented), also if it died
+        # before this thread started: compare with the pid recorded at spawn.
+        while os.getppid() == int(want):
+            time.sleep(poll_s)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=_watch, name="watch-parent", daemon=True).start()
 
 
 def group_members(pgid: int) -> list[int] | None:
@@ -63,6 +89,27 @@ def group_members(pgid: int) -> list[int] | None:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(d.name))
     return members
+
+
+def groups_where(pred: Callable[[dict[str, str]], bool]) -> set[int]:
+    """Process groups (other than ours) of the live processes whose environment satisfies
+    `pred` (e.g. what a dead worker's stages inherited), from /proc; empty without /proc."""
+    found: set[int] = set()
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    me = os.getpgrp()
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            raw = (d / "environ").read_bytes().decode(errors="replace")
+            env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+            if pred(env) and (pgid := os.getpgid(int(d.name))) != me:
+                found.add(pgid)
+        except OSError:
+            continue  # exited while we looked, or not ours to read
+    return found
 
 
 def group_alive(pgid: int) -> bool:

@@ -16,9 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.services import test_urls
+
 REPO = Path(__file__).resolve().parents[1]
-PG_ADMIN = os.environ.get("DRAFTYARD_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-REDIS_BASE = os.environ.get("DRAFTYARD_TEST_REDIS", "redis://127.0.0.1:6379")
+# Where PostgreSQL and Redis are: tests/services.py (started from PyPI wheels if none answers).
+PG_ADMIN, REDIS_BASE = test_urls()
 
 # One database and one Redis DB per test session, set before app settings are first read.
 _DBNAME = f"dy_test_{uuid.uuid4().hex[:10]}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import signal
 import subprocess
 import threading
 import time
@@ -16,8 +17,9 @@ from app.cluster.service import first_live_node, heartbeat, mark_offline, regist
 from app.core.config import get_settings
 from app.core.db import unit_of_work
 from app.scheduler.nudge import nudge
-from app.scheduler.reaper import reap
+from app.scheduler.reaper import reap, requeue_node
 from app.scheduler.service import lock
+from procgroup import PARENT_ENV, group_alive, groups_where
 from workers.celery_app import app
 
 log = logging.getLogger("draftyard.node")
@@ -42,6 +44,32 @@ def parse_gpus(spec: str | None) -> list[dict] | None:
         return None
     return [{"index": int(i), "name": "declared", "memory_bytes": None}
             for i in spec.split(",") if i.strip()]
+
+
+def kill_orphans(node: str) -> list[int]:
+    """Fence before (re-)registration: SIGKILL the process groups of stages that an earlier
+    worker incarnation of `node` started on this machine (their jobs are requeued next, so
+    nothing of theirs may live on). Returns the groups killed."""
+    mine = str(os.getpid())
+    # Same node of the same deployment only: another deployment on this machine (its own
+    # home and database) may use the same node name.
+    same = {k: os.environ.get(k) for k in ("DRAFTYARD_HOME", "DRAFTYARD_DATABASE_URL")}
+    killed = []
+    for pgid in groups_where(lambda env: env.get("DRAFTYARD_NODE") == node
+                             and env.get(PARENT_ENV, mine) != mine
+                             and all(env.get(k) == v for k, v in same.items())):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+            killed.append(pgid)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while any(group_alive(g) for g in killed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if killed:
+        log.warning("node %s: killed %d stage process group(s) left by an earlier worker: %s",
+                    node, len(killed), killed)
+    return killed
 
 
 def _housekeeping(node: str, stop: threading.Event) -> None:
@@ -79,9 +107,17 @@ def run_worker(node: str, gpus_decl: str | None, concurrency: int | None = None,
     gpus = parse_gpus(gpus_decl)
     if gpus is None:
         gpus = detect_gpus()
+    kill_orphans(node)
     with unit_of_work() as sess:
         register_node(sess, node, gpus, hostname=platform.node(), cpu_slots=s.cpu_slots,
                       info={"pid": os.getpid(), "declared": gpus_decl is not None})
+        # An earlier incarnation's jobs are dead (killed just above): requeue them now,
+        # not after their heartbeats age (issue 17: recovery within 60 s).
+        moved = requeue_node(sess, node)
+    if moved:
+        log.warning("node %s: requeued %d job(s) of an earlier worker: %s", node, len(moved),
+                    moved)
+        nudge()
     log.info("node %s registered with %d GPUs", node, len(gpus))
     stop = threading.Event()
     keeper = threading.Thread(target=_housekeeping, args=(node, stop), daemon=True,

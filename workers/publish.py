@@ -48,8 +48,10 @@ def manifest(folder: Path) -> tuple[int, list[dict]]:
 
 
 def publish_artifacts(declared: list[dict], out_dir: Path, artifacts_dir: Path, *,
-                      job_id: str, inputs: list[str], params: dict) -> list[Published]:
-    """Move every declared artifact into place; nothing moves unless all of them exist."""
+                      job_id: str, inputs: list[str], params: dict,
+                      moved: list[tuple[Path, Path]] | None = None) -> list[Published]:
+    """Move every declared artifact into place; nothing moves unless all of them exist.
+    `moved` collects (source, destination) as each one moves, for `unpublish`."""
     for a in declared:
         if not (out_dir / a["path"]).exists():
             raise ArtifactMissing(a["path"])
@@ -59,6 +61,8 @@ def publish_artifacts(declared: list[dict], out_dir: Path, artifacts_dir: Path, 
         dest = artifacts_dir / a["kind"] / art_id
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(out_dir / a["path"], dest)  # atomic: the artifact appears whole or not at all
+        if moved is not None:
+            moved.append((out_dir / a["path"], dest))
         size, files = manifest(dest)
         meta = {**(a.get("meta") or {}), "name": a.get("name")}
         if isinstance(meta.get("vllm_serve_command"), str):
@@ -70,3 +74,11 @@ def publish_artifacts(declared: list[dict], out_dir: Path, artifacts_dir: Path, 
              "params": params, "bytes": size, "files": files}, indent=1, default=str))
         out.append(Published(art_id, a["kind"], a.get("name"), str(dest), size, files, meta))
     return out
+
+
+def unpublish(moved: list[tuple[Path, Path]]) -> None:
+    """Put moved artifacts back where the stage wrote them (their DB record did not commit), so
+    that a retry of the outcome finds them again."""
+    for src, dest in reversed(moved):
+        (dest / "manifest.json").unlink(missing_ok=True)
+        os.replace(dest, src)

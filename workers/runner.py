@@ -23,8 +23,9 @@ from app.jobs.service import (add_event, cas_status, release_gpus, requeue_preem
                               transition)
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, Job
-from workers.publish import ArtifactMissing, Published, publish_artifacts
-from workers.supervisor import StageOutcome, Supervisor
+from app.scheduler.reaper import fence_s, give_up_s
+from workers.publish import ArtifactMissing, Published, publish_artifacts, unpublish
+from workers.supervisor import StageOutcome, Supervisor, retrying
 
 log = logging.getLogger("draftyard.worker")
 
@@ -89,13 +90,25 @@ def _ours(job: Job, attempt: int | None) -> bool:
 
 def finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | None = None) -> None:
     """Publish the attempt's artifacts (files) and record the outcome (DB), under the job's
-    row lock: the reaper (SKIP LOCKED) cannot requeue the job meanwhile."""
+    row lock: the reaper (SKIP LOCKED) cannot requeue the job meanwhile. All or nothing: if the
+    commit fails (DB down), the artifacts that were moved go back into out_dir, so a retry
+    finds them where the stage left them (issue 17)."""
+    moved: list[tuple[Path, Path]] = []
+    try:
+        _finish(job_id, outcome, out_dir, attempt, moved)
+    except BaseException:
+        unpublish(moved)
+        raise
+    shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | None,
+            moved: list[tuple[Path, Path]]) -> None:
     with unit_of_work() as s:
         job = s.get(Job, job_id, with_for_update=True)
         if outcome.lost or not _ours(job, attempt):
             log.warning("job %s attempt %s: no longer owned by this worker (now %s, attempt "
                         "%s); nothing recorded", job_id, attempt, job.status, job.attempt)
-            shutil.rmtree(out_dir, ignore_errors=True)
             return
         published: list[Published] = []
         missing = None
@@ -108,11 +121,10 @@ def finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | Non
             try:
                 published = publish_artifacts(outcome.artifacts, out_dir,
                                               get_settings().artifacts_dir, job_id=job_id,
-                                              inputs=inputs, params=job.params)
+                                              inputs=inputs, params=job.params, moved=moved)
             except ArtifactMissing as e:
                 missing = e
         record_outcome(s, job, outcome, published, inputs, missing)
-    shutil.rmtree(out_dir, ignore_errors=True)
 
 
 def record_outcome(s: Session, job: Job, outcome: StageOutcome, published: list[Published],
@@ -162,19 +174,28 @@ def _stage_error(job_id: str, outcome: StageOutcome) -> dict:
 
 
 def run_job(job_id: str, node: str) -> str:
-    if not claim(job_id, node):
+    # A DB blip as the message arrives: retry (the reaper requeues an unclaimed dispatch).
+    if not retrying(lambda: claim(job_id, node), f"job {job_id}: claim",
+                    get_settings().stale_after_s / 2):
         log.info("job %s: nothing to claim (duplicate or stale delivery)", job_id)
         return "skipped"
     out_dir = None
     attempt = None
+    sup = None
     try:
-        spec_path, events, gpus, type_, attempt = prepare_spec(job_id)
+        spec_path, events, gpus, type_, attempt = retrying(
+            lambda: prepare_spec(job_id), f"job {job_id}: spec", give_up_s())
         out_dir = Path(json.loads(spec_path.read_text())["out_dir"])
         sup = Supervisor(job_id, type_, spec_path, spec_path.parent, events, gpus, attempt)
         sup.start()
         outcome = sup.watch()
-        finish(job_id, outcome, out_dir, attempt)
+        # The stage has ended: no process to fence, so keep trying to record its outcome
+        # until the reaper would take the job anyway (then finish records nothing).
+        retrying(lambda: finish(job_id, outcome, out_dir, attempt), f"job {job_id}: finish",
+                 fence_s())
     except Exception as e:  # noqa: BLE001  infrastructure failure: record it, never hang
+        if sup is not None:
+            sup.kill()  # nothing of this attempt may outlive its supervisor
         log.exception("job %s failed in the worker", job_id)
         with unit_of_work() as s:
             job = s.get(Job, job_id, with_for_update=True)

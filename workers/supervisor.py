@@ -1,6 +1,13 @@
 """Runs one stage as a child process in its own process group and turns what it reports into
 job state: events, progress (with rate and ETA), heartbeats, cancel and preemption (SIGTERM to
-the group, then SIGKILL after a grace period), and on exit the artifacts and the final status."""
+the group, then SIGKILL after a grace period), and on exit the artifacts and the final status.
+
+Never twice (issue 17): a database outage does not end the watch; the stage keeps running and
+its events wait in the events file while the supervisor retries with backoff. Only after
+`give_up_s` without one successful heartbeat does it give up, and then it kills the stage's
+process group first: the reaper requeues a job only once its heartbeat is `fence_s` old
+(app/scheduler/reaper.py), by which time the old attempt is surely dead. The stage itself dies
+with the worker process (procgroup.watch_parent), whichever thread started it."""
 
 from __future__ import annotations
 
@@ -15,17 +22,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.core.config import get_settings
 from app.core.db import unit_of_work, utcnow
 from app.jobs.service import add_event
 from app.models import Job
-from procgroup import die_with_parent, signal_group
+from app.scheduler.reaper import give_up_s
+from procgroup import PARENT_ENV, signal_group
 
 log = logging.getLogger("draftyard.supervisor")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOST = "lost"  # _pump_events: this attempt no longer owns the job
 PREEMPTING = "preempting"  # _pump_events: running, and the scheduler asked it to yield
+BACKOFF_MAX_S = 2.0  # retry the DB at least this often during an outage: recovery is quick
+
+
+class GaveUp(RuntimeError):
+    """The database stayed unreachable for give_up_s; the stage's group was killed first."""
+
+
+def retrying(fn, what: str, deadline_s: float):
+    """Call fn() until it gets through to the database, with backoff, for at most deadline_s;
+    then raise the last error. Other errors are not retried."""
+    t0, delay, n = time.monotonic(), 0.1, 0
+    while True:
+        try:
+            return fn()
+        except SQLAlchemyError as e:  # DB down or restarting: try again
+            n += 1
+            if n == 1:
+                log.warning("%s failed, retrying: %s", what, e)
+            if time.monotonic() - t0 + delay > deadline_s:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
 
 
 @dataclass
@@ -82,6 +113,7 @@ class Supervisor:
         env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
         env["PYTHONUNBUFFERED"] = "1"
         env["DRAFTYARD_JOB_ID"] = self.job_id
+        env[PARENT_ENV] = str(os.getpid())  # the stage dies when this process does
         logf = open(self.job_dir / "log.txt", "ab")  # noqa: SIM115 (kept by the child)
         logf.write(f"--- {utcnow().isoformat()} stage {self.type} starting "
                    f"(CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})\n".encode())
@@ -89,29 +121,58 @@ class Supervisor:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "workers.stages", self.type, "--spec", str(self.spec_path)],
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=str(self.job_dir), start_new_session=True,
-            # The stage dies if the worker thread that started it dies (a SIGKILLed worker
-            # must not leave an orphan stage running beside the retry the reaper queues).
-            preexec_fn=die_with_parent(signal.SIGKILL))
+            cwd=str(self.job_dir), start_new_session=True)
         logf.close()
-        with unit_of_work() as s:
-            add_event(s, self.job_id, "log", {"message": f"stage started, pid {self.proc.pid}"})
+
+        def _started():
+            with unit_of_work() as s:
+                add_event(s, self.job_id, "log",
+                          {"message": f"stage started, pid {self.proc.pid}"})
+        retrying(_started, f"job {self.job_id}: start event", give_up_s())
 
     def _signal_group(self, sig: int) -> None:
         signal_group(self.proc.pid, sig)  # start_new_session: its group id is its pid
+
+    def kill(self) -> None:
+        """SIGKILL the stage's whole group and reap the leader (before giving the job up)."""
+        if self.proc is not None:
+            self._signal_group(signal.SIGKILL)
+            self.proc.wait()
 
     # -- the watch loop -------------------------------------------------------------------
     def watch(self) -> StageOutcome:
         assert self.proc is not None
         last_hb = 0.0
+        last_ok = retry_at = time.monotonic()  # last DB success; next DB try in an outage
+        delay = 0.0
         cancel_at: float | None = None
         grace = self.settings.cancel_grace_s
         preempted = False
         killed = False
+        limit = give_up_s()
         while True:
             rc = self.proc.poll()
             now = time.monotonic()
-            status = self._pump_events(heartbeat=now - last_hb >= self.settings.heartbeat_s)
+            if now < retry_at:
+                time.sleep(0.25)
+                continue
+            try:
+                status = self._pump_events(heartbeat=now - last_hb >= self.settings.heartbeat_s)
+            except SQLAlchemyError as e:  # DB outage: the stage keeps running
+                if delay == 0.0:
+                    log.warning("job %s: DB unreachable, stage kept running: %s", self.job_id, e)
+                if time.monotonic() - last_ok > limit:
+                    # Fence: the reaper may requeue the job soon; nothing of ours may live on.
+                    log.error("job %s: DB unreachable for %.0fs; killing the stage",
+                              self.job_id, limit)
+                    self.kill()
+                    raise GaveUp(f"database unreachable for {limit:.0f}s") from e
+                delay = min(max(delay * 2, 0.25), BACKOFF_MAX_S)
+                retry_at = time.monotonic() + delay
+                continue
+            if delay:
+                log.warning("job %s: DB back after %.1fs", self.job_id, time.monotonic() - last_ok)
+            last_ok, delay = time.monotonic(), 0.0
             if now - last_hb >= self.settings.heartbeat_s:
                 last_hb = now
             if status == LOST:
@@ -119,8 +180,7 @@ class Supervisor:
                 # stop at once so no GPU carries two jobs and the job never runs twice.
                 log.warning("job %s attempt %s: taken from this worker; killing the stage",
                             self.job_id, self.attempt)
-                self._signal_group(signal.SIGKILL)
-                self.proc.wait()
+                self.kill()
                 return StageOutcome(-signal.SIGKILL, False, None, None, [], lost=True)
             if status in ("cancelling", "cancelled", PREEMPTING) and cancel_at is None:
                 # The stage checkpoints on SIGTERM (train at its next step boundary).
@@ -137,39 +197,48 @@ class Supervisor:
             if rc is not None:
                 # Stragglers of the group (a vLLM server, torchrun workers) go with the stage.
                 self._signal_group(signal.SIGKILL)
-                self._pump_events(heartbeat=False)
+                # The last events were read by the pump above (after the exit), committed.
                 return StageOutcome(rc, cancel_at is not None and not preempted, self.error,
                                     self.result, self.artifacts, preempted=preempted)
             time.sleep(0.1 if cancel_at else 0.25)
 
     def _pump_events(self, heartbeat: bool) -> str | None:
-        """Read new event lines into the DB; heartbeat; return the job's current status."""
+        """Read new event lines into the DB; heartbeat; return the job's current status. The
+        read position moves on only once the lines are committed: after a failed commit the
+        same lines are read again (a DB outage loses no event)."""
         lines: list[dict] = []
+        end = 0
         if self.events_path.exists():
             with open(self.events_path, "rb") as fh:
                 fh.seek(self._events_pos)
                 chunk = fh.read()
             end = chunk.rfind(b"\n") + 1  # only whole lines; a partial one waits
-            self._events_pos += end
             for raw in chunk[:end].splitlines():
                 try:
                     lines.append(json.loads(raw))
                 except ValueError:
                     continue
         if not lines and not heartbeat:
+            self._events_pos += end
             with unit_of_work() as s:
                 row = s.execute(select(Job.status, Job.attempt, Job.preempt_by)
                                 .where(Job.id == self.job_id)).first()
                 return self._status_if_ours(row)
-        with unit_of_work() as s:
-            job = s.get(Job, self.job_id)
-            status = self._status_if_ours(job and (job.status, job.attempt, job.preempt_by))
-            if status == LOST:
-                return LOST  # another attempt's events and heartbeat are not ours to write
-            for ev in lines:
-                self._apply(s, job, ev)
-            job.heartbeat_at = utcnow()
-            return status
+        n_arts = len(self.artifacts)
+        try:
+            with unit_of_work() as s:
+                job = s.get(Job, self.job_id)
+                status = self._status_if_ours(job and (job.status, job.attempt, job.preempt_by))
+                if status == LOST:
+                    return LOST  # another attempt's events and heartbeat are not ours to write
+                for ev in lines:
+                    self._apply(s, job, ev)
+                job.heartbeat_at = utcnow()
+        except BaseException:
+            del self.artifacts[n_arts:]  # read again on the next try
+            raise
+        self._events_pos += end
+        return status
 
     def _status_if_ours(self, row) -> str:
         """The job's status, or LOST when this attempt no longer owns it."""

@@ -57,7 +57,10 @@ def make_engine(url: str) -> Engine:
             dbapi_conn.isolation_level = None
 
         return eng
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # connect_timeout: during a DB outage a connect must fail, not hang, so that a supervisor
+    # retrying through it can still give up in time (workers/supervisor.py).
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20,
+                         connect_args={"connect_timeout": 5})
 
 
 @lru_cache

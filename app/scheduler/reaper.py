@@ -1,12 +1,17 @@
 """Returns the GPUs of jobs whose worker is gone and requeues them (bounded attempts,
 infrastructure faults only) or fails them with `worker_lost`.
 
-A job is lost when its heartbeat is older than `stale_after_s` and its node has stopped
-heartbeating too. A job whose node still heartbeats is only a slow one (a busy box, a long DB
-stall): it is left alone until its own heartbeat is HUNG_FACTOR times staler, so a live stage
-is not requeued beside itself. Should that happen anyway, the old attempt is fenced: its
-supervisor sees the job is no longer its own, kills the stage and records nothing
-(workers/supervisor.py, workers/runner.py).
+Never twice (issue 17): a lease passes to a new attempt only when the old attempt's processes
+are surely dead, never on a guess. Two facts make that sure:
+- a supervisor that cannot heartbeat for `give_up_s` kills its stage's process group and
+  gives up (workers/supervisor.py), and a stage dies with its worker process
+  (procgroup.watch_parent); so a running job whose heartbeat is `fence_s` old
+  (give_up_s plus a margin for a slow DB call) has no process left, whether its node is dead,
+  cut off from the database, or alive;
+- a worker (re)starting under a node name first kills what an earlier incarnation left on
+  this machine (`kill_orphans`), then requeues that incarnation's jobs at once
+  (`requeue_node`), without waiting for any heartbeat to age.
+A job merely `dispatched` has no process yet: it is requeued after `stale_after_s`.
 """
 
 from __future__ import annotations
@@ -25,7 +30,18 @@ from app.jobs.states import JobStatus as S
 from app.models import Job, Node
 
 log = logging.getLogger("draftyard.reaper")
-HUNG_FACTOR = 5
+
+
+def give_up_s(settings=None) -> float:
+    """How long a supervisor rides out a DB outage before it kills its stage: long enough for
+    a 20-s outage with the default stale_after_s (20 -> 30 s)."""
+    return 1.5 * (settings or get_settings()).stale_after_s
+
+
+def fence_s(settings=None) -> float:
+    """Heartbeat age after which a running job has surely no process left (see above)."""
+    s = settings or get_settings()
+    return give_up_s(s) + max(0.5 * s.stale_after_s, 6.0)
 
 
 def reap(session: Session) -> list[str]:
@@ -33,18 +49,30 @@ def reap(session: Session) -> list[str]:
     s = get_settings()
     now = utcnow()
     cutoff = now - timedelta(seconds=s.stale_after_s)
-    hung = now - timedelta(seconds=s.stale_after_s * HUNG_FACTOR)
+    fenced = now - timedelta(seconds=fence_s(s))
     session.execute(update(Node).where(Node.last_heartbeat < cutoff, Node.alive.is_(True))
                     .values(alive=False))
-    live = set(session.scalars(select(Node.name).where(Node.alive.is_(True),
-                                                       Node.last_heartbeat >= cutoff)))
     # FOR UPDATE SKIP LOCKED: a worker finishing the job holds its row; re-read after the
     # lock, so a job that just ended is not requeued on a stale read.
     stale = [j for j in session.scalars(
         select(Job).where(Job.status.in_(ACTIVE), Job.heartbeat_at < cutoff)
         .with_for_update(skip_locked=True))
-        if j.node not in live or _aware(j.heartbeat_at, now) < hung]
-    for job in stale:
+        if j.status == S.dispatched.value or _aware(j.heartbeat_at, now) < fenced]
+    return _move_on(session, stale, "lost")
+
+
+def requeue_node(session: Session, node: str, worker: str | None = None) -> list[str]:
+    """A worker registering as `node` (after kill_orphans): the jobs an earlier worker
+    incarnation held there are dead; requeue them now, not after fence_s. `worker`: this
+    incarnation's id (its own jobs, if any, are left alone)."""
+    jobs = [j for j in session.scalars(
+        select(Job).where(Job.status.in_(ACTIVE), Job.node == node)
+        .with_for_update(skip_locked=True)) if worker is None or j.worker != worker]
+    return _move_on(session, jobs, "restarted")
+
+
+def _move_on(session: Session, jobs: list[Job], why: str) -> list[str]:
+    for job in jobs:
         release_gpus(session, job.id)
         where = f"node {job.node}" if job.node else "its worker"
         if job.status == S.dispatched.value:
@@ -52,19 +80,20 @@ def reap(session: Session) -> list[str]:
             transition(session, job, S.queued, reason="dispatch not claimed in time; requeued",
                        node=None)
         elif job.status == S.cancelling.value:
-            transition(session, job, S.cancelled, reason="worker lost while cancelling",
-                       error={"code": "cancelled", "message": "cancelled (worker lost)"})
+            transition(session, job, S.cancelled, reason=f"worker {why} while cancelling",
+                       error={"code": "cancelled", "message": f"cancelled (worker {why})"})
         elif job.attempt < job.max_attempts:
-            log.warning("job %s lost its worker on %s; requeueing (attempt %d)", job.id, where,
+            log.warning("job %s: worker on %s %s; requeueing (attempt %d)", job.id, where, why,
                         job.attempt + 1)
-            transition(session, job, S.queued, reason=f"worker on {where} lost; requeued",
+            transition(session, job, S.queued, reason=f"worker on {where} {why}; requeued",
                        attempt=job.attempt + 1, node=None, started_at=None, progress=None)
         else:
             transition(session, job, S.failed, error={
                 "code": "worker_lost",
-                "message": f"the worker running this job ({where}) stopped heartbeating; "
+                "message": f"the worker running this job ({where}) "
+                           f"{'stopped heartbeating' if why == 'lost' else 'was restarted'}; "
                            f"gave up after {job.attempt} attempts"})
-    return [j.id for j in stale]
+    return [j.id for j in jobs]
 
 
 def _aware(t, ref):

@@ -4,9 +4,11 @@ oversubscribed) and dispatch in policy order. Tasks are sent after commit."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,10 +19,10 @@ from sqlalchemy.orm import Session
 
 from app.core.broker import send_run_job
 from app.core.config import get_settings
-from app.core.db import after_commit, is_sqlite, rowcount, utcnow
+from app.core.db import after_commit, is_sqlite, rowcount, unit_of_work, utcnow
 from app.jobs import catalog
 from app.jobs.inputs import Unresolved, fingerprint, resolve
-from app.jobs.service import add_event, transition
+from app.jobs.service import add_event, release_gpus, transition
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, GpuLease, Job
 from app.scheduler import preempt
@@ -33,6 +35,8 @@ log = logging.getLogger("draftyard.scheduler")
 # session.info flag of a scheduling pass: its own status changes need no further nudge.
 SCHEDULING = "draftyard_scheduling"
 LOCK_KEY = 7_100_427  # pg_advisory_xact_lock key of the scheduler
+BROKER_PAUSE_S = 2.0  # after a refused send, this process dispatches nothing for a while
+_broker_down_until = 0.0  # (monotonic) so an outage does not dispatch and roll back each tick
 REASONS_TOP = 1000  # waiting jobs that get a queue_position and pending_reason
 
 
@@ -159,7 +163,7 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
     # was released before this instant, so the lease history never shows a false overlap.
     now = utcnow()
     sent: list[tuple[str, str]] = []
-    for job_id, node, idx in p.dispatch:
+    for job_id, node, idx in (p.dispatch if time.monotonic() >= _broker_down_until else []):
         if _dispatch(session, job_id, owners[job_id], node, idx, now):
             sent.append((job_id, f"gpu.{node}" if idx else "cpu"))
     if p.gpu_waits:
@@ -167,10 +171,7 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
     if with_reasons:
         _write_reasons(session, p, rows, {j for j, _, _ in p.dispatch})
     if sent:
-        def _send(sent=sent):
-            for job_id, queue in sent:
-                send_run_job(job_id, queue)
-        after_commit(session, _send)
+        after_commit(session, functools.partial(_send, sent))
     return [j for j, _ in sent]
 
 
@@ -200,6 +201,32 @@ def _preempt(session: Session, p, rows, nodes, now, max_per_hour: int) -> None:
                     "message": f"preempting: {c.waiter} (priority {c.waiter_priority}) needs "
                                f"the GPUs on {c.node}; checkpointing, then requeued"})
                 log.info("preempting %s on %s for %s", victim, c.node, c.waiter)
+def _send(sent: list[tuple[str, str]]) -> None:
+    """Send the committed dispatches. One the broker refused (down) goes back to `queued`
+    with its GPUs freed at once (issue 17), instead of holding them in `dispatched` until the
+    reaper's stale rule; the next pass dispatches it again."""
+    failed = []
+    for job_id, queue in sent:
+        try:
+            send_run_job(job_id, queue)
+        except Exception as e:  # noqa: BLE001  broker down: roll this dispatch back
+            log.warning("dispatch of %s to %s not sent (%s); back to queued", job_id, queue, e)
+            failed.append(job_id)
+    if failed:
+        global _broker_down_until
+        _broker_down_until = time.monotonic() + BROKER_PAUSE_S
+        undispatch(failed, "broker unreachable; dispatch rolled back")
+
+
+def undispatch(job_ids: list[str], reason: str) -> None:
+    """dispatched -> queued with GPUs freed, for jobs no worker has claimed (a worker that
+    got the message anyway finds nothing to claim)."""
+    with unit_of_work() as s:
+        for job in s.scalars(select(Job).where(Job.id.in_(job_ids),
+                                               Job.status == S.dispatched.value)
+                             .with_for_update()):
+            release_gpus(s, job.id)
+            transition(s, job, S.queued, reason=reason, node=None, pending_reason=reason)
 
 
 # The job (still queued, not held: it may have been cancelled or held since it was read),

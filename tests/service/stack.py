@@ -20,9 +20,11 @@ from pathlib import Path
 
 import httpx
 
+from tests.services import test_urls
+
 REPO = Path(__file__).resolve().parents[2]
-PG_ADMIN = os.environ.get("DRAFTYARD_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-REDIS_BASE = os.environ.get("DRAFTYARD_TEST_REDIS", "redis://127.0.0.1:6379")
+# Where PostgreSQL and Redis are: tests/services.py (started from PyPI wheels if none answers).
+PG_ADMIN, REDIS_BASE = test_urls()
 
 
 def _free_port() -> int:
@@ -61,11 +63,16 @@ class _Proc:
 
 
 class Stack:
-    def __init__(self, tag: str, redis_db: int, settings: dict[str, str] | None = None):
+    def __init__(self, tag: str, redis_db: int, settings: dict[str, str] | None = None,
+                 pg_admin: str | None = None, redis_base: str | None = None,
+                 home: Path | None = None):
+        # pg_admin / redis_base: servers of its own, home: a folder of its own (a small
+        # filesystem) (tests/faults/); else the session's servers and a fresh temp folder.
+        self.pg_admin = pg_admin or PG_ADMIN
         self.dbname = f"dy_{tag}_{uuid.uuid4().hex[:8]}"
-        self.home = Path(tempfile.mkdtemp(prefix=f"draftyard-{tag}-"))
-        self.db_url = PG_ADMIN.rsplit("/", 1)[0] + f"/{self.dbname}"
-        self.redis_url = f"{REDIS_BASE}/{redis_db}"
+        self.home = home or Path(tempfile.mkdtemp(prefix=f"draftyard-{tag}-"))
+        self.db_url = self.pg_admin.rsplit("/", 1)[0] + f"/{self.dbname}"
+        self.redis_url = f"{redis_base or REDIS_BASE}/{redis_db}"
         self.env = {**os.environ, "DRAFTYARD_DATABASE_URL": self.db_url,
                     "DRAFTYARD_BROKER_URL": self.redis_url, "DRAFTYARD_HOME": str(self.home),
                     "DRAFTYARD_HEARTBEAT_S": "0.5", "DRAFTYARD_STALE_AFTER_S": "6",
@@ -81,7 +88,7 @@ class Stack:
         """The database (migrated, with an admin whose token lands in home/admin_token)."""
         from sqlalchemy import create_engine, text
 
-        admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+        admin = create_engine(self.pg_admin, isolation_level="AUTOCOMMIT")
         with admin.connect() as c:
             c.execute(text(f'CREATE DATABASE "{self.dbname}"'))
         admin.dispose()
@@ -166,7 +173,7 @@ class Stack:
             self._engine.dispose()
         from sqlalchemy import create_engine, text
 
-        admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+        admin = create_engine(self.pg_admin, isolation_level="AUTOCOMMIT")
         with admin.connect() as c:
             c.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                            f"WHERE datname = '{self.dbname}' AND pid <> pg_backend_pid()"))

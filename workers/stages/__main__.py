@@ -6,12 +6,14 @@ Exit status: 0 success, 2 typed failure (an `error` event was written), 1 crash.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import signal
 import sys
 import traceback
 
 from workers.stages.common import StageContext, StageError, read_spec
+from procgroup import watch_parent
 
 STAGES = ("probe", "ingest", "mix", "generate", "prepare", "extract", "train", "evaluate",
           "plan")
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True, help="path to the job's spec.json")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm)
+    watch_parent()
 
     spec = read_spec(args.spec)
     ctx = StageContext.from_spec(spec)
@@ -46,8 +49,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # noqa: BLE001  a crash: the log keeps the traceback
         traceback.print_exc()
-        ctx.emit("error", {"code": "stage_crashed",
-                           "message": f"{type(e).__name__}: {e}"[:2000], "details": None})
+        # A full disk is the operator's to fix, not a bug of the stage: say so (issue 17).
+        full = isinstance(e, OSError) and e.errno == errno.ENOSPC
+        ctx.emit("error", {"code": "disk_full" if full else "stage_crashed",
+                           "message": ("no space left on the server's disk; free space, then "
+                                       "retry the job: " if full else "")
+                           + f"{type(e).__name__}: {e}"[:2000], "details": None})
         return 1
     finally:
         ctx.close()
