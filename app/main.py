@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI
-from fastapi.responses import ORJSONResponse
+from app.core.jsonresp import SafeJSONResponse
 
 from app.core.errors import install_handlers
-from app.core.middleware import RequestIdMiddleware
+from app.core.middleware import BodyLimitMiddleware, RequestIdMiddleware
 
 
 def create_app() -> FastAPI:
@@ -23,8 +23,9 @@ def create_app() -> FastAPI:
     from app.targets.routes import router as targets
     from app.users.routes import router as users
 
-    app = FastAPI(title="draftyard", version="0.1.0", default_response_class=ORJSONResponse)
+    app = FastAPI(title="draftyard", version="0.1.0", default_response_class=SafeJSONResponse)
     install_handlers(app)
+    app.add_middleware(BodyLimitMiddleware)  # inside RequestId: its 413 gets an id too
     app.add_middleware(RequestIdMiddleware)
     for r in (health, users, jobs, cluster, targets, datasets, artifacts, runs, plans,
               dashboard):

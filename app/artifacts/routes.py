@@ -12,6 +12,7 @@ from app.core.db import request_session
 from app.core.errors import NotFound
 from app.core.pagination import Page, list_body, page_params, paginate
 from app.models import Artifact
+from contracts.roots import within_roots
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 DB = Depends(request_session, scope="function")
@@ -52,7 +53,9 @@ def get_artifact(art_id: str, user: Principal = Depends(current_user), session: 
 def get_file(art_id: str, path: str, user: Principal = Depends(current_user), session: Session = DB):
     a = _get(session, art_id)
     root = Path(a.uri).resolve()
-    f = (root / path).resolve()
-    if not f.is_relative_to(root) or not f.is_file():
+    # contracts/roots.py: `..`, links out of the artifact and a NUL (which the filesystem
+    # calls would answer with a ValueError, a 500) all come back as None.
+    f = within_roots(path, [root])
+    if f is None or not f.is_file():
         raise NotFound(f"artifact {art_id} has no file {path!r}", param="path")
     return FileResponse(f)

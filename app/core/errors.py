@@ -12,6 +12,8 @@ from fastapi.responses import ORJSONResponse
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.core.bounds import BOUND_ERRORS
+
 log = logging.getLogger("draftyard.api")
 
 
@@ -59,8 +61,16 @@ class Invalid(ApiError):
     status, code = 422, "invalid_spec"
 
 
+class TooMany(ApiError):
+    status, code = 429, "too_many_requests"
+
+
 class Unavailable(ApiError):
     status, code = 503, "unavailable"
+
+
+class NoSpace(ApiError):
+    status, code = 507, "insufficient_storage"
 
 
 def error_body(code: str, message: str, param: str | None = None, details: Any = None) -> dict:
@@ -81,6 +91,13 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError):
         errs = exc.errors()
+        bound = next((e for e in errs if e.get("type") in BOUND_ERRORS), None)
+        if bound is not None:
+            # A free-form field past its bounds (app/core/bounds.py): named, never stored.
+            param = _loc_to_param(tuple(bound.get("loc", ())))
+            code = "invalid_value" if bound["type"] == "invalid_value" else bound["type"]
+            return ORJSONResponse(error_body(code, f"{param}: {bound.get('msg')}", param),
+                                  status_code=BOUND_ERRORS[bound["type"]])
         # A body that is not JSON at all is a 400; JSON of the wrong shape is a 422.
         if any(e.get("type") in ("json_invalid", "json_type") for e in errs):
             e = errs[0]
@@ -103,9 +120,12 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_req: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(
+        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized",
+                413: "payload_too_large"}.get(
             exc.status_code, "http_error")
-        return ORJSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+        # 405 keeps the `Allow` header Starlette computed (RFC 9110 15.5.6).
+        return ORJSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
+                              headers=getattr(exc, "headers", None))
 
     @app.exception_handler(OperationalError)
     async def _db_down(_req: Request, exc: OperationalError):
@@ -121,6 +141,13 @@ def install_handlers(app: FastAPI) -> None:
         why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
         return ORJSONResponse(error_body("invalid_value", f"a value cannot be stored: {why}"),
                               status_code=422)
+
+    @app.exception_handler(UnicodeEncodeError)
+    async def _unencodable(_req: Request, exc: UnicodeEncodeError):
+        # A lone surrogate ("\\ud800") in a typed string field: valid JSON, but neither the
+        # database driver nor orjson can encode it. The transaction was rolled back.
+        return ORJSONResponse(error_body("invalid_value", "a string in the request is not valid "
+                                         "Unicode (a lone surrogate)"), status_code=422)
 
     @app.exception_handler(Exception)
     async def _unexpected(_req: Request, exc: Exception):

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from app.core.auth import Principal, current_user
 from app.core.config import get_settings
 from app.core.db import request_session
-from app.core.errors import BadRequest, Invalid, TooLarge
+from app.core.errors import BadRequest, Invalid
 from app.core.idempotency import idempotent
 from app.core.pagination import Page, list_body, page_params, paginate
 from app.datasets import service
@@ -45,9 +45,8 @@ async def create_dataset(request: Request, user: Principal = Depends(current_use
                          session: Session = DB):
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("multipart/form-data"):
+        # The body itself is capped as it streams in (app/core/middleware.BodyLimitMiddleware).
         cap = get_settings().max_upload_bytes
-        if int(request.headers.get("content-length") or 0) > cap + 1_000_000:
-            raise TooLarge(f"upload exceeds DRAFTYARD_MAX_UPLOAD_BYTES ({cap} bytes)", param="file")
         form = await request.form(max_part_size=cap + 1)
         upload = form.get("file")
         if upload is None or isinstance(upload, str):

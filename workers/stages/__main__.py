@@ -11,7 +11,7 @@ import signal
 import sys
 import traceback
 
-from workers.stages.common import StageContext, StageError, read_spec
+from workers.stages.common import StageContext, StageError, check_roots, read_spec
 
 STAGES = ("probe", "ingest", "mix", "generate", "prepare", "extract", "train", "evaluate",
           "plan")
@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = StageContext.from_spec(spec)
     mod = importlib.import_module(f"workers.stages.{args.type}")
     try:
+        check_roots(spec)
         result = mod.run(spec, ctx) or {}
         ctx.emit("result", result)
         return 0
