@@ -7,7 +7,7 @@ import logging
 from fastapi import FastAPI
 from app.core.jsonresp import SafeJSONResponse
 
-from app.core.errors import install_handlers
+from app.core.errors import ERROR_RESPONSES, install_handlers
 from app.core.middleware import BodyLimitMiddleware, RequestIdMiddleware
 
 
@@ -23,12 +23,16 @@ def create_app() -> FastAPI:
     from app.targets.routes import router as targets
     from app.users.routes import router as users
 
-    app = FastAPI(title="draftyard", version="0.1.0", default_response_class=SafeJSONResponse)
+    # docs_url/redoc_url off: FastAPI's pages load Swagger UI and ReDoc from a CDN; the
+    # dashboard router serves /docs from local files instead.
+    app = FastAPI(title="draftyard", version="0.1.0", default_response_class=SafeJSONResponse,
+                  docs_url=None, redoc_url=None)
     install_handlers(app)
     app.add_middleware(BodyLimitMiddleware)  # inside RequestId: its 413 gets an id too
     app.add_middleware(RequestIdMiddleware)
-    for r in (health, users, jobs, cluster, targets, datasets, artifacts, runs, plans,
-              dashboard):
+    for r in (health, dashboard):
         app.include_router(r)
+    for r in (users, jobs, cluster, targets, datasets, artifacts, runs, plans):
+        app.include_router(r, responses=ERROR_RESPONSES)
     logging.getLogger("draftyard").setLevel(logging.INFO)
     return app

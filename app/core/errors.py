@@ -9,8 +9,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import ORJSONResponse
+from pydantic import BaseModel
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app.core.bounds import BOUND_ERRORS
 
@@ -73,6 +75,28 @@ class NoSpace(ApiError):
     status, code = 507, "insufficient_storage"
 
 
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    param: str | None = None
+    details: Any = None
+
+
+class ErrorBody(BaseModel):
+    """The error object every 4xx/5xx carries (API.md "Conventions")."""
+    error: ErrorDetail
+
+
+_WHY = {400: "Bad input: malformed JSON, or a free-form field past its bounds",
+        401: "Missing or invalid token", 403: "Not allowed (role, owner, path outside roots)",
+        404: "Not found", 409: "State conflict", 413: "Body, upload or inflated upload too large",
+        422: "Well-formed but invalid (names the field)", 429: "Too many at once; try later",
+        503: "Database or broker unavailable", 507: "Server storage full"}
+# For `/openapi.json`: what every /v1 route may answer besides its success.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": why} for code, why in _WHY.items()}
+
+
 def error_body(code: str, message: str, param: str | None = None, details: Any = None) -> dict:
     return {"error": {"code": code, "message": message, "param": param, "details": details}}
 
@@ -119,13 +143,20 @@ def install_handlers(app: FastAPI) -> None:
         return ORJSONResponse(error_body("invalid_spec", msg, param, details), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, exc: StarletteHTTPException):
+    async def _http(req: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized",
                 413: "payload_too_large"}.get(
             exc.status_code, "http_error")
-        # 405 keeps the `Allow` header Starlette computed (RFC 9110 15.5.6).
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            # RFC 9110 15.5.6: `Allow` lists every method of the path. Starlette names only
+            # the first route that matched it (GET and POST /v1/jobs are two routes).
+            allow = [m for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+                     if any(r.matches({**req.scope, "method": m})[0] == Match.FULL
+                            for r in req.app.router.routes)]
+            headers["Allow"] = ", ".join(allow)
         return ORJSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
-                              headers=getattr(exc, "headers", None))
+                              headers=headers or None)
 
     @app.exception_handler(OperationalError)
     async def _db_down(_req: Request, exc: OperationalError):

@@ -21,7 +21,7 @@ def resolve_inside(raw: str, roots: list[Path], *, what: str, param: str, env: s
                         f"may read {what}s from", param=param, code="path_not_allowed")
     real = within_roots(raw, roots)
     if real is None:
-        raise Forbidden(f"{param}: {raw} is outside the folders this server may read {what}s "
+        raise Forbidden(f"{param}: {raw} is outside the folders this server may read {what} "
                         f"from ({env})", param=param, code="path_not_allowed")
     if must_exist and not real.exists():
         raise Invalid(f"{param}: {raw} does not exist", param=param, code="path_not_found")

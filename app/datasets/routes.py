@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import orjson
 from fastapi import APIRouter, Depends, Header, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
@@ -40,11 +41,25 @@ class MixCreate(BaseModel):
     seed: int = 0
 
 
-@router.post("", status_code=201)
-async def create_dataset(request: Request, user: Principal = Depends(current_user),
-                         session: Session = DB):
+# The body is read by hand (multipart or JSON), so its two shapes are declared for the schema.
+UPLOAD_BODY = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": {
+        "type": "object", "required": ["file"],
+        "properties": {"file": {"type": "string", "format": "binary",
+                                "description": "JSON Lines, JSON, Parquet; gzip/zstd allowed"},
+                       "name": {"type": "string", "maxLength": 200},
+                       "format": {"type": "string", "default": "auto"}}}},
+    "application/json": {"schema": DatasetFromPath.model_json_schema()}}}}
+
+
+@router.post("", status_code=201, openapi_extra=UPLOAD_BODY)
+async def create_dataset(request: Request, session: Session = DB):
+    # The token is checked here, not as a dependency: an upload only after it (no one streams
+    # gigabytes to be told 401), a JSON body only once it parses (malformed JSON is a 400
+    # before a 401, as on the routes whose body FastAPI reads).
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("multipart/form-data"):
+        user = await current_user(request)
         # The body itself is capped as it streams in (app/core/middleware.BodyLimitMiddleware).
         cap = get_settings().max_upload_bytes
         form = await request.form(max_part_size=cap + 1)
@@ -59,12 +74,14 @@ async def create_dataset(request: Request, user: Principal = Depends(current_use
                                     upload.file, fmt)
         return service.dataset_read(d)
     try:
-        body = DatasetFromPath.model_validate_json(await request.body())
+        data = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}", code="malformed_json") from e
+    user = await current_user(request)
+    try:
+        body = DatasetFromPath.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        if err["type"] == "json_invalid":
-            raise BadRequest(f"request body is not valid JSON: {err['msg']}",
-                             code="malformed_json") from e
         loc = ".".join(str(x) for x in err["loc"])
         msg = f"unknown field '{loc}'" if err["type"] == "extra_forbidden" else f"{loc}: {err['msg']}"
         raise Invalid(msg, param=loc) from e
