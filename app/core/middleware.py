@@ -9,7 +9,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
-class RequestIdMiddleware:
+class _HttpMiddleware:
+    """A pure ASGI middleware that acts on HTTP requests only (lifespan passes through)."""
+
     def __init__(self, app: ASGIApp):
         self.app = app
 
@@ -17,6 +19,14 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class RequestIdMiddleware(_HttpMiddleware):
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         rid = None
         for k, v in scope.get("headers", []):
             if k == b"x-request-id":
@@ -43,7 +53,7 @@ class BodyTooLarge(StarletteHTTPException):
         super().__init__(413, f"the request body exceeds {what} ({cap} bytes)")
 
 
-class BodyLimitMiddleware:
+class BodyLimitMiddleware(_HttpMiddleware):
     """Caps request bodies on the bytes that arrive, not only on Content-Length: a chunked
     upload or a 50 MB JSON body is refused without being read whole (issue 17 item 5).
     Multipart uploads get DRAFTYARD_MAX_UPLOAD_BYTES (plus room for the form's other parts),
@@ -51,13 +61,7 @@ class BodyLimitMiddleware:
 
     FORM_OVERHEAD = 1 << 20
 
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         from app.core.config import get_settings
 
         s = get_settings()

@@ -11,6 +11,7 @@ import lzma
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -105,36 +106,41 @@ def from_upload(session: Session, user: Principal, name: str, filename: str, fil
     return _start_ingest(session, user, ds, dest, fmt)
 
 
-def inflated_size(path: Path, cap: int) -> int:
-    """Bytes a compressed file inflates to, counted as it streams and given up past `cap`
-    (0 for a plain file). A corrupt stream counts what was read: the ingest reports it."""
+def _inflating_reader(path: Path) -> Any:
+    """A reader of the inflated bytes of a compressed file (sniffed, as the ingest does),
+    or None for a plain one."""
     with open(path, "rb") as fh:
         magic = fh.read(6)
     if magic[:2] == b"\x1f\x8b":
-        opener = gzip.open
-    elif magic[:4] == b"\x28\xb5\x2f\xfd":
+        return gzip.open(path, "rb")
+    if magic[:4] == b"\x28\xb5\x2f\xfd":
         import zstandard
 
-        def opener(p, mode):  # noqa: ARG001
-            return zstandard.ZstdDecompressor().stream_reader(open(p, "rb"),  # noqa: SIM115
-                                                              read_across_frames=True,
-                                                              closefd=True)
-    elif magic[:3] == b"BZh":
-        opener = bz2.open
-    elif magic[:6] == b"\xfd7zXZ\x00":
-        opener = lzma.open
-    else:
+        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"),  # noqa: SIM115
+                                                          read_across_frames=True, closefd=True)
+    if magic[:3] == b"BZh":
+        return bz2.open(path, "rb")
+    if magic[:6] == b"\xfd7zXZ\x00":
+        return lzma.open(path, "rb")
+    return None
+
+
+def inflated_size(path: Path, cap: int) -> int:
+    """Bytes a compressed file inflates to, counted as it streams and given up past `cap`
+    (0 for a plain file). A corrupt stream counts what was read: the ingest reports it."""
+    reader = _inflating_reader(path)
+    if reader is None:
         return 0
     total = 0
-    try:
-        with opener(path, "rb") as fh:
-            while total <= cap and (chunk := fh.read(1 << 20)):
+    with reader:
+        try:
+            while total <= cap and (chunk := reader.read(1 << 20)):
                 total += len(chunk)
-    except (OSError, EOFError, ValueError, lzma.LZMAError):
-        pass
-    except Exception as e:  # noqa: BLE001  zstandard.ZstdError and kin: same as above
-        if type(e).__module__.split(".")[0] != "zstandard":
-            raise
+        except (OSError, EOFError, ValueError, lzma.LZMAError):
+            pass
+        except Exception as e:  # noqa: BLE001  zstandard.ZstdError: a corrupt stream too
+            if type(e).__module__.split(".")[0] != "zstandard":
+                raise
     return total
 
 

@@ -12,7 +12,6 @@ import subprocess
 import uuid
 from urllib.parse import urlparse
 
-import httpx
 import pytest
 
 from tests.service.stack import Stack
