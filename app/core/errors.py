@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import ORJSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -172,6 +172,16 @@ def install_handlers(app: FastAPI) -> None:
         why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
         return ORJSONResponse(error_body("invalid_value", f"a value cannot be stored: {why}"),
                               status_code=422)
+
+    @app.exception_handler(ValidationError)
+    async def _late_validation(_req: Request, exc: ValidationError):
+        # A model built by a service from request values (a job a dataset route creates):
+        # still the client's input, so a 422 naming the field, not a 500.
+        log.warning("validation after the edge: %s", exc)
+        first = exc.errors()[0]
+        param = _loc_to_param(tuple(first.get("loc", ())))
+        return ORJSONResponse(error_body("invalid_spec", f"{param}: {first.get('msg')}", param),
+                              status_code=BOUND_ERRORS.get(first.get("type"), 422))
 
     @app.exception_handler(UnicodeEncodeError)
     async def _unencodable(_req: Request, exc: UnicodeEncodeError):

@@ -14,6 +14,7 @@ from app.core.idempotency import idempotent
 from app.core.pagination import Page, list_body, page_params, paginate
 from app.datasets import service
 from app.models import Dataset
+from contracts.inputs import MixSource
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 DB = Depends(request_session, scope="function")
@@ -26,19 +27,12 @@ class DatasetFromPath(BaseModel):
     format: str = "auto"
 
 
-class MixSource(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    dataset_id: str
-    weight: float | None = Field(None, gt=0)
-    max_records: int | None = Field(None, ge=1)
-
-
 class MixCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=200)
-    sources: list[MixSource] = Field(min_length=1)
+    sources: list[MixSource] = Field(min_length=1, max_length=256)
     dedupe: bool = True
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**63 - 1)
 
 
 # The body is read by hand (multipart or JSON), so its two shapes are declared for the schema.

@@ -60,6 +60,10 @@ def test_other_routes_do_not_show_roots_or_existence(member, home, tmp_path):
                                          "tokenizer_path": "/usr/lib"})):
         e = _err(member.post(route, body), 403, "path_not_allowed")
         assert str(home) not in e["message"], e
+    # inside the roots, a refusal names the path as the client wrote it, not the real one
+    (home / "models" / "empty").mkdir(exist_ok=True)
+    e = _err(member.post("/v1/targets", {"name": "x", "path": "empty"}), 422, "not_a_model")
+    assert str(home) not in e["message"] and "empty" in e["message"], e
 
 
 def test_the_stage_checks_the_roots_again(tmp_path):
@@ -260,3 +264,16 @@ def test_the_sqlite_file_is_private(tmp_path):
 def test_probe_sleep_is_bounded(api):
     e = _err(api.post("/v1/jobs", {"type": "probe", "params": {"sleep_s": 86400}}), 422)
     assert e["param"] == "params.sleep_s"
+
+
+def test_a_mix_seed_beyond_64_bits_is_422(api):
+    up = api.c.post("/v1/datasets", files={"file": ("s.jsonl", b'{"prompt": "hi"}\n')},
+                    data={"name": "seed-src"})
+    assert up.status_code == 201, up.text
+    try:
+        e = _err(api.post("/v1/datasets/mix", {"name": "m", "seed": 2**70,
+                                               "sources": [{"dataset_id": up.json()["id"]}]}),
+                 422)
+        assert e["param"] == "seed"
+    finally:
+        api.post(f"/v1/jobs/{up.json()['job_id']}/cancel")
