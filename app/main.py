@@ -6,12 +6,12 @@ import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.responses import ORJSONResponse
 
 from app.artifacts.routes import router as artifacts
 from app.cluster.routes import router as cluster
-from app.core.errors import install_handlers
-from app.core.middleware import RequestIdMiddleware
+from app.core.errors import ERROR_RESPONSES, install_handlers
+from app.core.jsonresp import SafeJSONResponse
+from app.core.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from app.dashboard.routes import router as dashboard
 from app.datasets.routes import router as datasets
 from app.health.routes import router as health
@@ -39,12 +39,16 @@ def create_app() -> FastAPI:
         finally:
             sender.stop()
 
-    app = FastAPI(title="draftyard", version="0.1.0", default_response_class=ORJSONResponse,
-                  lifespan=lifespan)
+    # docs_url/redoc_url off: FastAPI's pages load Swagger UI and ReDoc from a CDN; the
+    # dashboard router serves /docs from local files instead.
+    app = FastAPI(title="draftyard", version="0.1.0", default_response_class=SafeJSONResponse,
+                  docs_url=None, redoc_url=None, lifespan=lifespan)
     install_handlers(app)
+    app.add_middleware(BodyLimitMiddleware)  # inside RequestId: its 413 gets an id too
     app.add_middleware(RequestIdMiddleware)
-    for r in (health, users, jobs, cluster, targets, datasets, artifacts, runs, plans,
-              webhooks, dashboard):
+    for r in (health, dashboard):
         app.include_router(r)
+    for r in (users, jobs, cluster, targets, datasets, artifacts, runs, plans, webhooks):
+        app.include_router(r, responses=ERROR_RESPONSES)
     logging.getLogger("draftyard").setLevel(logging.INFO)
     return app

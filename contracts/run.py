@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from contracts.bounds import JsonObject, check_json
 
 STAGE_ORDER = ("generate", "prepare", "extract", "train", "evaluate")
 
@@ -38,7 +40,12 @@ class DrafterSpec(BaseModel):
     num_layers: int | None = Field(None, ge=1, le=64)
     block_size: int | None = Field(None, ge=2, le=64)
     draft_vocab_size: int | None = Field(None, ge=16)
-    target_layer_ids: list[int] | None = None
+    target_layer_ids: list[int] | None = Field(None, max_length=256)
+
+    @model_validator(mode="after")
+    def _bounded_extras(self) -> "DrafterSpec":
+        check_json(self.model_extra or {})  # the free-form rest of the drafter's config
+        return self
 
 
 class Stages(BaseModel):
@@ -46,11 +53,12 @@ class Stages(BaseModel):
     and `evaluate` null: skipped. `extract` null: only with mode online."""
 
     model_config = ConfigDict(extra="forbid")
-    generate: dict[str, Any] | None = None
-    prepare: dict[str, Any] = Field(default_factory=dict)
-    extract: dict[str, Any] | None = Field(default_factory=lambda: {})
-    train: dict[str, Any] = Field(default_factory=dict)
-    evaluate: dict[str, Any] | None = Field(default_factory=lambda: {})
+    # Free-form here, bounded in depth and size (contracts/bounds.py, issue 17).
+    generate: JsonObject | None = None
+    prepare: JsonObject = Field(default_factory=dict)
+    extract: JsonObject | None = Field(default_factory=lambda: {})
+    train: JsonObject = Field(default_factory=dict)
+    evaluate: JsonObject | None = Field(default_factory=lambda: {})
 
 
 class StageJob(BaseModel):
@@ -70,7 +78,7 @@ class RunSpec(BaseModel):
     drafter: DrafterSpec
     stages: Stages = Field(default_factory=Stages)
     mode: Literal["offline", "online"] = "offline"
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: JsonObject | None = None
     priority: int = Field(50, ge=0, le=100)
     force: bool = False
     # Start even when the plan finds errors (the records that fail are rejected and counted).

@@ -52,6 +52,14 @@ def _job_dir(job_id: str) -> Path:
     return d
 
 
+def spec_roots() -> dict[str, list[str]]:
+    """The roots a stage checks its paths against again (workers/stages/common.check_roots)."""
+    s = get_settings()
+    return {"data": [str(p) for p in s.roots("data")] + [str(s.uploads_dir.resolve())],
+            "model": [str(p) for p in s.roots("model")],
+            "artifacts": [str(s.artifacts_dir.resolve())]}
+
+
 def prepare_spec(job_id: str) -> tuple[Path, Path, list[int], str, int]:
     with unit_of_work() as s:
         job = s.get(Job, job_id)
@@ -66,7 +74,7 @@ def prepare_spec(job_id: str) -> tuple[Path, Path, list[int], str, int]:
         spec = {"job_id": job.id, "type": job.type, "attempt": job.attempt,
                 "params": job.params, "inputs": resolved, "out_dir": str(out_dir),
                 "work_dir": str(jd / "work"), "events_path": str(events),
-                "gpus": gpus, "home": str(get_settings().home)}
+                "gpus": gpus, "home": str(get_settings().home), "roots": spec_roots()}
         spec_path = jd / "spec.json"
         spec_path.write_text(json.dumps(spec, indent=1, default=str))
         return spec_path, events, gpus, job.type, job.attempt

@@ -14,6 +14,7 @@ from app.core.pagination import Page, list_body, page_params, paginate
 from app.artifacts.schemas import ArtifactList, ArtifactRead
 from app.core.reads import typed
 from app.models import Artifact
+from contracts.roots import within_roots
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 DB = Depends(request_session, scope="function")
@@ -54,7 +55,9 @@ def get_artifact(art_id: str, user: Principal = Depends(current_user), session: 
 def get_file(art_id: str, path: str, user: Principal = Depends(current_user), session: Session = DB):
     a = _get(session, art_id)
     root = Path(a.uri).resolve()
-    f = (root / path).resolve()
-    if not f.is_relative_to(root) or not f.is_file():
+    # contracts/roots.py: `..`, links out of the artifact and a NUL (which the filesystem
+    # calls would answer with a ValueError, a 500) all come back as None.
+    f = within_roots(path, [root])
+    if f is None or not f.is_file():
         raise NotFound(f"artifact {art_id} has no file {path!r}", param="path")
     return FileResponse(f)

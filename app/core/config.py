@@ -19,6 +19,14 @@ class Settings(BaseSettings):
     data_roots: str = ""   # ':'-separated folders the server may read datasets from
     model_roots: str = ""  # ':'-separated folders the server may read models from
     max_upload_bytes: int = 2 * 1024**3
+    # What a compressed upload (gzip, zstd, ...) may inflate to: a 56 KB gzip of 30 MB of
+    # zeros must not pass as 56 KB (issue 17 item 5).
+    max_decompressed_bytes: int = 16 * 1024**3
+    # Any other request body (JSON): a run body with a long chat template is ~100 KB; a 50 MB
+    # body is refused from its Content-Length, or once that many bytes have streamed in.
+    max_body_bytes: int = 8 * 1024**2
+    # Plans run a child process of up to 120 s each: a few at once per API instance.
+    max_concurrent_plans: int = 2
     env: str = "development"  # "production" refuses the embedded defaults
     # Scheduler and worker timing. Heartbeats every few seconds; a job or node silent for
     # `stale_after_s` is reaped (issue 10 asks for requeue within 60 s).
@@ -42,6 +50,8 @@ class Settings(BaseSettings):
     webhook_backoff_max_s: float = 3600.0
     webhook_timeout_s: float = 10.0
     webhook_poll_s: float = 1.0
+    # CPU slots one user may hold while another user's CPU job waits (0: all but one).
+    user_cpu_slots: int = 0
     log_level: str = "info"
 
     @model_validator(mode="after")

@@ -3,6 +3,7 @@ services only flush; work registered with `after_commit` runs once the commit is
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -11,7 +12,7 @@ from functools import lru_cache
 import logging
 
 from fastapi import Request
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, make_url
 from sqlalchemy.engine import CursorResult, Engine, Result
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -37,8 +38,23 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def _private_sqlite_file(url: str) -> None:
+    """Create the SQLite file 0600 before SQLite does (it would use the umask, often 0644):
+    it holds every token hash and job of the team. SQLite gives its -wal and -shm files the
+    database file's mode."""
+    path = make_url(url).database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
+        _private_sqlite_file(url)
         eng = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(eng, "connect", _sqlite_pragmas)
 

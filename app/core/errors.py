@@ -9,8 +9,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import ORJSONResponse
+from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+from contracts.bounds import BOUND_ERRORS
 
 log = logging.getLogger("draftyard.api")
 
@@ -59,8 +63,38 @@ class Invalid(ApiError):
     status, code = 422, "invalid_spec"
 
 
+class TooMany(ApiError):
+    status, code = 429, "too_many_requests"
+
+
 class Unavailable(ApiError):
     status, code = 503, "unavailable"
+
+
+class NoSpace(ApiError):
+    status, code = 507, "insufficient_storage"
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    param: str | None = None
+    details: Any = None
+
+
+class ErrorBody(BaseModel):
+    """The error object every 4xx/5xx carries (API.md "Conventions")."""
+    error: ErrorDetail
+
+
+_WHY = {400: "Bad input: malformed JSON, or a free-form field past its bounds",
+        401: "Missing or invalid token", 403: "Not allowed (role, owner, path outside roots)",
+        404: "Not found", 409: "State conflict", 413: "Body, upload or inflated upload too large",
+        422: "Well-formed but invalid (names the field)", 429: "Too many at once; try later",
+        503: "Database or broker unavailable", 507: "Server storage full"}
+# For `/openapi.json`: what every /v1 route may answer besides its success.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": why} for code, why in _WHY.items()}
 
 
 def error_body(code: str, message: str, param: str | None = None, details: Any = None) -> dict:
@@ -81,6 +115,13 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError):
         errs = exc.errors()
+        bound = next((e for e in errs if e.get("type") in BOUND_ERRORS), None)
+        if bound is not None:
+            # A free-form field past its bounds (contracts/bounds.py): named, never stored.
+            param = _loc_to_param(tuple(bound.get("loc", ())))
+            code = "invalid_value" if bound["type"] == "invalid_value" else bound["type"]
+            return ORJSONResponse(error_body(code, f"{param}: {bound.get('msg')}", param),
+                                  status_code=BOUND_ERRORS[bound["type"]])
         # A body that is not JSON at all is a 400; JSON of the wrong shape is a 422.
         if any(e.get("type") in ("json_invalid", "json_type") for e in errs):
             e = errs[0]
@@ -102,10 +143,20 @@ def install_handlers(app: FastAPI) -> None:
         return ORJSONResponse(error_body("invalid_spec", msg, param, details), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(
+    async def _http(req: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized",
+                413: "payload_too_large"}.get(
             exc.status_code, "http_error")
-        return ORJSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            # RFC 9110 15.5.6: `Allow` lists every method of the path. Starlette names only
+            # the first route that matched it (GET and POST /v1/jobs are two routes).
+            allow = [m for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+                     if any(r.matches({**req.scope, "method": m})[0] == Match.FULL
+                            for r in req.app.router.routes)]
+            headers["Allow"] = ", ".join(allow)
+        return ORJSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
+                              headers=headers or None)
 
     @app.exception_handler(OperationalError)
     async def _db_down(_req: Request, exc: OperationalError):
@@ -121,6 +172,23 @@ def install_handlers(app: FastAPI) -> None:
         why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
         return ORJSONResponse(error_body("invalid_value", f"a value cannot be stored: {why}"),
                               status_code=422)
+
+    @app.exception_handler(ValidationError)
+    async def _late_validation(_req: Request, exc: ValidationError):
+        # A model built by a service from request values (a job a dataset route creates):
+        # still the client's input, so a 422 naming the field, not a 500.
+        log.warning("validation after the edge: %s", exc)
+        first = exc.errors()[0]
+        param = _loc_to_param(tuple(first.get("loc", ())))
+        return ORJSONResponse(error_body("invalid_spec", f"{param}: {first.get('msg')}", param),
+                              status_code=BOUND_ERRORS.get(str(first.get("type")), 422))
+
+    @app.exception_handler(UnicodeEncodeError)
+    async def _unencodable(_req: Request, exc: UnicodeEncodeError):
+        # A lone surrogate ("\\ud800") in a typed string field: valid JSON, but neither the
+        # database driver nor orjson can encode it. The transaction was rolled back.
+        return ORJSONResponse(error_body("invalid_value", "a string in the request is not valid "
+                                         "Unicode (a lone surrogate)"), status_code=422)
 
     @app.exception_handler(Exception)
     async def _unexpected(_req: Request, exc: Exception):

@@ -4,23 +4,24 @@ with a different body is a 409."""
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from datetime import timedelta
 
-import orjson
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import ORJSONResponse
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
-from app.core.db import unit_of_work, utcnow
+from app.core.db import is_sqlite, unit_of_work, utcnow
 from app.core.errors import Conflict
+from app.core.jsonresp import SafeJSONResponse
 from app.models import IdempotencyKey
 
 TTL = timedelta(hours=24)
 
 
-def replay(user: Principal, key: str, body: object) -> ORJSONResponse | None:
+def replay(user: Principal, key: str, body: object) -> SafeJSONResponse | None:
     """The stored answer of (user, key), checked in a short read-only transaction of its own:
     lets a slow handler (POST /v1/runs runs the plan first) answer a replay without redoing
     its work. `idempotent()` checks again inside the request's transaction."""
@@ -31,24 +32,40 @@ def replay(user: Principal, key: str, body: object) -> ORJSONResponse | None:
         if row.request_hash != _digest(body):
             raise Conflict("this Idempotency-Key was used with a different request body",
                            code="idempotency_key_reused", param="Idempotency-Key")
-        return ORJSONResponse(row.body, status_code=row.status_code,
-                              headers={"Idempotent-Replayed": "true"})
+        return SafeJSONResponse(row.body, status_code=row.status_code,
+                                headers={"Idempotent-Replayed": "true"})
 
 
 def _digest(body: object) -> str:
-    return hashlib.sha256(orjson.dumps(jsonable_encoder(body), option=orjson.OPT_SORT_KEYS)).hexdigest()
+    # The standard library, not orjson: a body may hold an integer past 64 bits (refused
+    # later with a 422 naming it, but hashing it first must not be a 500).
+    return hashlib.sha256(json.dumps(jsonable_encoder(body), sort_keys=True, default=str,
+                                     ensure_ascii=True).encode()).hexdigest()
 
 
 def _expired(row: IdempotencyKey) -> bool:
     return row.created_at.replace(tzinfo=row.created_at.tzinfo or utcnow().tzinfo) < utcnow() - TTL
 
 
+def _serialise(session: Session, user_id: str, key: str) -> None:
+    """Concurrent requests with one key wait here for the first to commit, then replay its
+    answer (without this, all of them missed the row and all but one failed on its primary
+    key: issue 17 item 6). PostgreSQL: a transaction-scoped advisory lock on the key; SQLite
+    serialises writers on its own (app/core/db.py)."""
+    if is_sqlite(session):
+        return
+    h = int.from_bytes(hashlib.sha256(f"{user_id}\0{key}".encode()).digest()[:8], "big",
+                       signed=True)
+    session.execute(text("SELECT pg_advisory_xact_lock(:h)"), {"h": h})
+
+
 def idempotent(session: Session, user: Principal, key: str | None, body: object,
-               make: Callable[[], object], status_code: int = 201) -> ORJSONResponse:
+               make: Callable[[], object], status_code: int = 201) -> SafeJSONResponse:
     """Answer with `make()` once per (user, key); replay the stored answer afterwards."""
     if not key:
-        return ORJSONResponse(jsonable_encoder(make()), status_code=status_code)
+        return SafeJSONResponse(jsonable_encoder(make()), status_code=status_code)
     digest = _digest(body)
+    _serialise(session, user.id, key[:200])
     row = session.get(IdempotencyKey, (user.id, key[:200]))
     if row is not None and _expired(row):
         session.delete(row)
@@ -58,10 +75,10 @@ def idempotent(session: Session, user: Principal, key: str | None, body: object,
         if row.request_hash != digest:
             raise Conflict("this Idempotency-Key was used with a different request body",
                            code="idempotency_key_reused", param="Idempotency-Key")
-        return ORJSONResponse(row.body, status_code=row.status_code,
+        return SafeJSONResponse(row.body, status_code=row.status_code,
                               headers={"Idempotent-Replayed": "true"})
     out = jsonable_encoder(make())
     session.add(IdempotencyKey(user_id=user.id, key=key[:200], request_hash=digest,
                                status_code=status_code, body=out))
     session.flush()
-    return ORJSONResponse(out, status_code=status_code)
+    return SafeJSONResponse(out, status_code=status_code)

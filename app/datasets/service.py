@@ -3,17 +3,22 @@
 
 from __future__ import annotations
 
+import bz2
+import errno
+import gzip
 import json
+import lzma
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
 from app.core.config import get_settings
-from app.core.errors import Conflict, Forbidden, Invalid, NotFound, TooLarge
+from app.core.errors import Conflict, Forbidden, Invalid, NoSpace, NotFound, TooLarge
 from app.core.ids import new_id
 from app.core.paths import resolve_inside
 from app.jobs.lifecycle import StatusChanged
@@ -82,6 +87,17 @@ def from_upload(session: Session, user: Principal, name: str, filename: str | No
                     raise TooLarge(f"upload exceeds DRAFTYARD_MAX_UPLOAD_BYTES "
                                    f"({s.max_upload_bytes} bytes)", param="file")
                 out.write(chunk)
+        inflated = inflated_size(dest, s.max_decompressed_bytes)
+        if inflated > s.max_decompressed_bytes:
+            raise TooLarge(f"file: the upload inflates past DRAFTYARD_MAX_DECOMPRESSED_BYTES "
+                           f"({s.max_decompressed_bytes} bytes)", param="file",
+                           code="decompressed_too_large")
+    except OSError as e:
+        shutil.rmtree(dest_dir, ignore_errors=True)  # nothing half-written stays behind
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise NoSpace("the server's upload storage is full; nothing was stored",
+                          param="file") from e
+        raise
     except BaseException:
         shutil.rmtree(dest_dir, ignore_errors=True)  # nothing half-written stays behind
         raise
@@ -89,6 +105,44 @@ def from_upload(session: Session, user: Principal, name: str, filename: str | No
         shutil.rmtree(dest_dir, ignore_errors=True)
         raise Invalid("file: the upload is empty", param="file", code="empty_file")
     return _start_ingest(session, user, ds, dest, fmt)
+
+
+def _inflating_reader(path: Path) -> Any:
+    """A reader of the inflated bytes of a compressed file (sniffed, as the ingest does),
+    or None for a plain one."""
+    with open(path, "rb") as fh:
+        magic = fh.read(6)
+    if magic[:2] == b"\x1f\x8b":
+        return gzip.open(path, "rb")
+    if magic[:4] == b"\x28\xb5\x2f\xfd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"),  # noqa: SIM115
+                                                          read_across_frames=True, closefd=True)
+    if magic[:3] == b"BZh":
+        return bz2.open(path, "rb")
+    if magic[:6] == b"\xfd7zXZ\x00":
+        return lzma.open(path, "rb")
+    return None
+
+
+def inflated_size(path: Path, cap: int) -> int:
+    """Bytes a compressed file inflates to, counted as it streams and given up past `cap`
+    (0 for a plain file). A corrupt stream counts what was read: the ingest reports it."""
+    reader = _inflating_reader(path)
+    if reader is None:
+        return 0
+    total = 0
+    with reader:
+        try:
+            while total <= cap and (chunk := reader.read(1 << 20)):
+                total += len(chunk)
+        except (OSError, EOFError, ValueError, lzma.LZMAError):
+            pass
+        except Exception as e:  # noqa: BLE001  zstandard.ZstdError: a corrupt stream too
+            if type(e).__module__.split(".")[0] != "zstandard":
+                raise
+    return total
 
 
 def mix(session: Session, user: Principal, body) -> Dataset:

@@ -17,7 +17,8 @@ class _Params(BaseModel):
 
 
 class ProbeParams(_Params):
-    sleep_s: float = Field(0.0, ge=0, le=86400)
+    # An hour is plenty to test a queue or a cancel; a day-long sleep only holds a slot.
+    sleep_s: float = Field(0.0, ge=0, le=3600)
     fail: bool = False
     steps: int = Field(10, ge=1, le=100000)
     # false: skip importing torch (no device list; the stage starts in ~0.2 s, not ~3 s)

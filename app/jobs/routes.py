@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Depends, Header, Query, Request
-from fastapi.responses import ORJSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from sqlalchemy.orm import Session
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.core.auth import Principal, current_user
 from app.core.db import request_session, unit_of_work
+from app.core.jsonresp import SafeJSONResponse
 from app.core.idempotency import idempotent
 from app.core.pagination import Page, list_body, page_params
 from app.core.reads import typed
@@ -40,7 +41,7 @@ def list_jobs(status: str | None = None, type: str | None = None, owner: str | N
               user: Principal = Depends(current_user), session: Session = DB):
     rows, more, nxt = service.list_jobs(session, page, status=status, type_=type, owner=owner,
                                         run_id=run_id)
-    return ORJSONResponse(list_body(jobs_read(session, rows), more, nxt))
+    return SafeJSONResponse(list_body(jobs_read(session, rows), more, nxt))
 
 
 @router.get("/{job_id}", response_model=JobRead)
@@ -50,7 +51,7 @@ async def get_job(job_id: str, user: Principal = Depends(current_user)):
     def read() -> dict:
         with unit_of_work(read_only=True) as s:
             return jobs_read(s, [service.get_job(s, job_id)])[0]
-    return ORJSONResponse(await run_in_threadpool(read), headers={"Cache-Control": "no-store"})
+    return SafeJSONResponse(await run_in_threadpool(read), headers={"Cache-Control": "no-store"})
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead)
@@ -99,7 +100,7 @@ def job_events(job_id: str, request: Request, after_seq: int = Query(0, ge=0),
                user: Principal = Depends(current_user), session: Session = DB):
     service.get_job(session, job_id)
     if "text/event-stream" not in request.headers.get("accept", ""):
-        return ORJSONResponse({"data": [_event_dict(e) for e in
+        return SafeJSONResponse({"data": [_event_dict(e) for e in
                                         service.events(session, job_id, after_seq, limit)]})
     start = after_seq
     if last_event_id and last_event_id.isdigit():
@@ -140,4 +141,4 @@ def job_logs(job_id: str, request: Request, tail: int | None = Query(None, ge=1,
 @router.get("/{job_id}/metrics")
 def job_metrics(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
     service.get_job(session, job_id)
-    return ORJSONResponse(service.metrics(session, job_id))
+    return SafeJSONResponse(service.metrics(session, job_id))

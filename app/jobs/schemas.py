@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.bounds import JsonObject
+
 
 class JobType(StrEnum):
     ingest = "ingest"
@@ -27,8 +29,8 @@ class JobCreate(BaseModel):
     name: str | None = Field(None, max_length=200)
     priority: int = Field(50, ge=0, le=100)
     gpus: int = Field(0, ge=0, le=64)
-    inputs: dict[str, Any] = Field(default_factory=dict)
-    params: dict[str, Any] = Field(default_factory=dict)
+    inputs: JsonObject = Field(default_factory=dict)
+    params: JsonObject = Field(default_factory=dict)
     force: bool = False
     preemptible: bool | None = Field(
         default=None, description="may the scheduler stop this job (it checkpoints and is requeued) "

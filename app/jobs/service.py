@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
@@ -13,12 +15,14 @@ from app.core.db import rowcount, utcnow
 from app.core.errors import Conflict, Forbidden, Invalid, NotFound
 from app.core.ids import new_id
 from app.core.pagination import Page, paginate
+from app.core.paths import resolve_inside
 from app.jobs import catalog
 from app.jobs.lifecycle import announce, queue_changed
 from app.jobs.schemas import JobCreate
 from app.jobs.states import TERMINAL, IllegalTransition, JobStatus, check
 from app.models import Artifact, Dataset, Gpu, GpuLease, Job, JobEvent, Target, User
 from app.scheduler.preempt import recent
+from contracts.inputs import STAGE_INPUTS
 
 S = JobStatus
 
@@ -115,20 +119,48 @@ def _ref_exists(session: Session, ref: Any, name: str, kinds: tuple[str, ...]) -
     return None
 
 
+def _check_shape(type_: str, inputs: dict) -> None:
+    try:
+        STAGE_INPUTS[type_].model_validate(inputs)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        raise Invalid(f"inputs.{loc}: {err.get('msg')}", param=f"inputs.{loc}",
+                      code="invalid_input") from e
+
+
+def ingest_source(raw: str) -> Path:
+    """An ingest's source file: inside DRAFTYARD_DATA_ROOTS, or an upload this server stored."""
+    from app.core.config import get_settings
+
+    s = get_settings()
+    path = resolve_inside(raw, s.roots("data") + [s.uploads_dir.resolve()], what="data",
+                          param="inputs.source.path", env="DRAFTYARD_DATA_ROOTS")
+    if not path.is_file():
+        raise Invalid(f"inputs.source.path: {raw} is not a file", param="inputs.source.path",
+                      code="not_a_file")
+    return path
+
+
 def check_inputs(session: Session, type_: str, inputs: dict) -> list[str]:
     allowed = catalog.INPUTS[type_]
     for req in catalog.REQUIRED[type_]:
         if req not in inputs:
             raise Invalid(f"a {type_} job needs inputs.{req}", param=f"inputs.{req}",
                           code="missing_input")
-    deps: list[str] = []
-    for name, ref in inputs.items():
+    for name in inputs:
         if name not in allowed:
             raise Invalid(f"unknown input '{name}' for a {type_} job; allowed: "
                           f"{', '.join(allowed) or 'none'}", param=f"inputs.{name}",
                           code="unknown_input")
-        if type_ == "ingest":
-            continue
+    _check_shape(type_, inputs)
+    if type_ == "ingest":
+        # The one file an ingest reads goes through the same root check as every other
+        # path a client names; the stored path is the checked real one.
+        inputs["source"]["path"] = str(ingest_source(inputs["source"]["path"]))
+        return []
+    deps: list[str] = []
+    for name, ref in inputs.items():
         refs = ref if isinstance(ref, list) else [ref]
         for r in refs:
             if isinstance(r, dict) and "dataset_id" in r:  # mix sources

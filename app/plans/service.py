@@ -6,17 +6,20 @@ than importing it (app/ never imports torch, transformers or workers/)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from app.core.config import get_settings
 from app.core.db import unit_of_work
-from app.core.errors import Invalid, Unavailable
+from app.core.errors import Invalid, TooMany, Unavailable
 from app.jobs.inputs import Unresolved, resolve_ref, target_dict
 from app.models import Target
 from contracts.run import RunSpec
@@ -43,6 +46,34 @@ def _plan_inputs(body: RunSpec) -> tuple[dict, dict | None]:
 def make_plan(body: RunSpec, free_bytes_override: int | None = None) -> dict:
     s = get_settings()
     target, dataset = _plan_inputs(body)
+    with plan_slot(s.home / "plans", s.max_concurrent_plans):
+        return _run_plan(s, target, dataset, body, free_bytes_override)
+
+
+@contextmanager
+def plan_slot(folder: Path, slots: int) -> Iterator[None]:
+    """One of `slots` plan slots, or a 429: each plan is a child process of up to 120 s, and
+    an unbounded number of them took the API's machine (issue 17 item 5). The slots are
+    flock()ed files, so they hold across API processes and free themselves when one dies."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(max(1, slots)):
+        fh = open(folder / f"slot-{i}.lock", "a")  # noqa: SIM115  closed below
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            continue
+        try:
+            yield
+        finally:
+            fh.close()  # closing drops the lock
+        return
+    raise TooMany(f"{slots} plans are running already (DRAFTYARD_MAX_CONCURRENT_PLANS); "
+                  "try again when one has finished", code="too_many_plans")
+
+
+def _run_plan(s, target: dict, dataset: dict | None, body: RunSpec,
+              free_bytes_override: int | None) -> dict:
     work = s.home / "plans" / uuid.uuid4().hex[:12]
     work.mkdir(parents=True, exist_ok=True)
     spec = {"type": "plan", "inputs": {"target": target, "dataset": dataset},

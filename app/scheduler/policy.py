@@ -7,6 +7,10 @@ if it still does not fit, reserves the node closest to fitting it: nothing new s
 until it fits, so it waits at most for that node's running jobs (no starvation). Jobs may
 still start on the other nodes.
 
+CPU slots (jobs with gpus=0) go in the same order, but while another user's CPU job waits, no
+user holds more than `user_cpu_slots` of them (default: all but one), so one user's long
+probes cannot starve everyone's ingests (issue 17 item 5); a user alone may use them all.
+
 Placement is best fit (the node with the fewest free GPUs that still fits), which keeps
 whole nodes free for big jobs. A GPU is handed out at most once per plan.
 """
@@ -43,6 +47,7 @@ class NodeState:
 class Usage:
     gpus_held: int = 0
     gpu_hours: float = 0.0
+    cpu_held: int = 0  # CPU slots (gpus=0 jobs) running now
 
 
 @dataclass
@@ -100,7 +105,7 @@ def could_matter(w: Waiting, most_free: int, cpu_free: int, now: float,
 def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage], *,
          now: float, quota: int = 0, backfill_bound_s: float = 300.0, cpu_free: int = 0,
          top: int | None = None, presorted: bool = False,
-         held_for: dict[str, str] | None = None) -> Plan:
+         held_for: dict[str, str] | None = None, user_cpu_slots: int = 0) -> Plan:
     """Decide what starts now and why the rest waits.
 
     `top`: how many waiting jobs need a position and a reason; past it the walk stops as soon
@@ -108,12 +113,16 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
     `held_for`: node -> job whose preemptions free that node (only that job starts there).
     `presorted`: `waiting` is already in `job_order` (the database sorted it; sorting 10,000
     jobs in Python would cost more than the rest of a decision).
+    `user_cpu_slots`: CPU slots one user may hold while another user's CPU job waits
+    (0: all the slots but one, at least one).
     """
     out = Plan()
     out.reserved.update(held_for or {})
     nodes = [NodeState(nd.name, list(nd.free), nd.total, nd.cpu_free, nd.schedulable)
              for nd in nodes]
-    usage = {k: Usage(v.gpus_held, v.gpu_hours) for k, v in usage.items()}
+    usage = {k: Usage(v.gpus_held, v.gpu_hours, v.cpu_held) for k, v in usage.items()}
+    cpu_cap = user_cpu_slots or max(1, cpu_free + sum(u.cpu_held for u in usage.values()) - 1)
+    cpu_waiting = Counter(w.owner for w in waiting if w.gpus == 0 and not w.held)
     max_node = max((nd.total for nd in nodes if nd.schedulable), default=0)
 
     # Per user: own jobs by (priority desc, age). Across users: a heap on each user's head.
@@ -162,8 +171,15 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
         if w.held:
             out.reasons[w.id] = "held by its owner or an admin"
         elif w.gpus == 0:
-            if cpu_left > 0:
+            u = usage.setdefault(owner, Usage())
+            cpu_waiting[owner] -= 1
+            others = sum(cpu_waiting.values()) - cpu_waiting[owner] > 0
+            if cpu_left > 0 and u.cpu_held >= cpu_cap and others:
+                out.reasons[w.id] = (f"user CPU slot limit {cpu_cap} reached while others "
+                                     "wait for one")
+            elif cpu_left > 0:
                 cpu_left -= 1
+                u.cpu_held += 1
                 out.dispatch.append((w.id, None, []))
                 started = True
             else:

@@ -162,3 +162,10 @@ def recent_gpu_hours(session: Session, now: datetime) -> dict[str, float]:
     with _hours_lock:
         _hours[key] = (t, hours)
     return hours
+
+
+def cpu_held(session: Session) -> dict[str, int]:
+    """CPU slots (active gpus=0 jobs) per owner now: the per-user CPU bound of the policy."""
+    return dict(session.execute(select(Job.owner_id, func.count())
+                                .where(Job.gpus_requested == 0, Job.status.in_(ACTIVE))
+                                .group_by(Job.owner_id)).all())

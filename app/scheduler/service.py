@@ -28,7 +28,7 @@ from app.models import Artifact, Gpu, GpuLease, Job
 from app.scheduler import preempt
 from app.scheduler.policy import Usage, Waiting, plan
 from app.scheduler.reads import (GPUS, HELD, ID, NEEDS_FP, OWNER, PRIO, QAT, POS, REASON,
-                                 STATUS, node_states, queued_in_order, recent_gpu_hours,
+                                 STATUS, cpu_held, node_states, queued_in_order, recent_gpu_hours,
                                  waiting_rows)
 
 log = logging.getLogger("draftyard.scheduler")
@@ -153,9 +153,13 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
         waiting = [Waiting(r[ID], r[OWNER], r[PRIO], r[GPUS],
                            now_ts if r[QAT] is None else r[QAT], r[HELD]) for r in rows]
         hours = recent_gpu_hours(session, now)
-        usage = {o: Usage(held.get(o, 0), hours.get(o, 0.0)) for o in set(held) | set(hours)}
+        # One more statement, only when a CPU job waits (most decisions place GPU jobs).
+        cpu = cpu_held(session) if any(w.gpus == 0 for w in waiting) else {}
+        usage = {o: Usage(held.get(o, 0), hours.get(o, 0.0), cpu.get(o, 0))
+                 for o in set(held) | set(hours) | set(cpu)}
         p = plan(waiting, nodes, usage, now=now_ts, quota=cfg.user_gpu_quota,
                  backfill_bound_s=cfg.backfill_bound_s, cpu_free=cpu_free,
+                 user_cpu_slots=cfg.user_cpu_slots,
                  top=REASONS_TOP if with_reasons else 0, presorted=True,
                  held_for=preempt.held_for({nd.name: nd.holders for nd in nodes}))
     owners = {r[ID]: r[OWNER] for r in rows}

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends, Header
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.auth import Principal, current_user
+from contracts.bounds import JsonObject
 from app.core.db import request_session
 from app.core.idempotency import idempotent
 from app.core.pagination import Page, list_body, page_params, paginate
@@ -26,7 +25,7 @@ class TargetCreate(BaseModel):
     path: str
     tokenizer_path: str | None = None
     chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: JsonObject | None = None
 
 
 @router.post("", status_code=201, response_model=TargetRead)

@@ -44,15 +44,17 @@ def check_template(text: str, param: str = "chat_template") -> None:
                       code="template_error", details={"line": e.lineno, "error": e.message}) from e
 
 
-def read_config(model_dir: Path) -> dict:
+def read_config(model_dir: Path, shown: str) -> dict:
+    """`shown`: the path as the client wrote it; messages never show the resolved one (it
+    would tell members where the server's model roots are)."""
     cfg_path = model_dir / "config.json"
     if not cfg_path.is_file():
-        raise Invalid(f"path: {model_dir} has no config.json (not a transformers model folder)",
+        raise Invalid(f"path: {shown} has no config.json (not a transformers model folder)",
                       param="path", code="not_a_model")
     try:
         return json.loads(cfg_path.read_text())
     except (ValueError, OSError) as e:
-        raise Invalid(f"path: {cfg_path} is not valid JSON: {e}", param="path",
+        raise Invalid(f"path: {shown}/config.json is not valid JSON: {e}", param="path",
                       code="not_a_model") from e
 
 
@@ -72,7 +74,7 @@ def create_target(session: Session, user: Principal, body) -> Target:
     path = resolve_inside(body.path, roots, what="model", param="path", env="DRAFTYARD_MODEL_ROOTS")
     tok = (resolve_inside(body.tokenizer_path, roots, what="model", param="tokenizer_path",
                           env="DRAFTYARD_MODEL_ROOTS") if body.tokenizer_path else path)
-    cfg = read_config(path)
+    cfg = read_config(path, body.path)
     text_cfg = cfg.get("text_config") or cfg
     if body.chat_template is not None:
         check_template(body.chat_template)

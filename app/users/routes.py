@@ -30,9 +30,10 @@ class UserCreate(BaseModel):
 
 @router.post("/users", status_code=201)
 def create_user(body: UserCreate, admin: Principal = Depends(require_admin), session: Session = DB):
-    user, secret = service.create_user(session, body.name, body.role.value)
+    user, tok, secret = service.create_user(session, body.name, body.role.value)
+    # token_id: the handle to revoke it with (DELETE /v1/tokens/{id}) without a second call.
     return {"id": user.id, "name": user.name, "role": user.role, "created_at": user.created_at,
-            "token": secret}
+            "token": secret, "token_id": tok.id}
 
 
 @router.get("/users")

@@ -16,7 +16,7 @@ from app.core.ids import new_id
 from app.models import Token, User
 
 
-def create_user(session: Session, name: str, role: str) -> tuple[User, str]:
+def create_user(session: Session, name: str, role: str) -> tuple[User, Token, str]:
     if session.scalar(select(User.id).where(User.name == name)):
         raise Conflict(f"a user named {name!r} already exists", param="name", code="name_taken")
     user = User(id=new_id("usr"), name=name, role=role)
@@ -26,8 +26,8 @@ def create_user(session: Session, name: str, role: str) -> tuple[User, str]:
     except IntegrityError as e:
         raise Conflict(f"a user named {name!r} already exists", param="name",
                        code="name_taken") from e
-    _, secret = issue_token(session, user)
-    return user, secret
+    tok, secret = issue_token(session, user)
+    return user, tok, secret
 
 
 def new_token(session: Session, actor: Principal, user_id: str) -> tuple[Token, str]:
@@ -51,7 +51,7 @@ def ensure_admin(session: Session, home: Path) -> str | None:
     """Create the first admin and write its token to $DRAFTYARD_HOME/admin_token (0600)."""
     if session.scalar(select(User.id).where(User.role == "admin").limit(1)):
         return None
-    _, secret = create_user(session, "admin", "admin")
+    _, _, secret = create_user(session, "admin", "admin")
     home.mkdir(parents=True, exist_ok=True)
     path = home / "admin_token"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -309,3 +309,18 @@ def test_never_oversubscribes_and_respects_every_rule(case):
     part = plan(few, nodes, usage, now=NOW, quota=quota, backfill_bound_s=500, cpu_free=cpu,
                 top=0)
     assert part.dispatch == full.dispatch
+
+
+def test_one_user_cannot_take_every_cpu_slot_while_another_waits():
+    """Issue 17: two long probes of one user held every CPU slot and ingests starved. While
+    another user's CPU job waits, a user holds at most all the slots but one."""
+    p = plan([job("a2", "a", 0, age=100), job("b1", "b", 0, age=1)], [],
+             {"a": Usage(cpu_held=1)}, now=NOW, cpu_free=1)
+    assert started(p) == ["b1"]
+    assert "user CPU slot limit 1 reached" in p.reasons["a2"]
+    # alone, a user may use every slot; an explicit bound applies the same way
+    p = plan([job("a2", "a", 0)], [], {"a": Usage(cpu_held=1)}, now=NOW, cpu_free=1)
+    assert started(p) == ["a2"]
+    p = plan([job("a3", "a", 0, age=9), job("b1", "b", 0)], [], {"a": Usage(cpu_held=2)},
+             now=NOW, cpu_free=2, user_cpu_slots=3)
+    assert sorted(started(p)) == ["a3", "b1"]

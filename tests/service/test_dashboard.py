@@ -15,11 +15,11 @@ from tests.conftest import wait_for
 
 HARNESS = r"""
 const fs = require("fs");
-const [, , htmlPath, base, token, doneId, runningId] = process.argv;
-const html = fs.readFileSync(htmlPath, "utf8");
-const script = html.match(/<script>([\s\S]*)<\/script>/)[1];
+const [, , scriptPath, base, token, doneId, runningId] = process.argv;
+const script = fs.readFileSync(scriptPath, "utf8");
 const els = {};
-globalThis.document = {getElementById: id => (els[id] ??= {innerHTML: "", textContent: "", value: ""})};
+globalThis.document = {getElementById: id => (els[id] ??= {innerHTML: "", textContent: "", value: ""}),
+                       addEventListener: () => {}};
 globalThis.localStorage = {getItem: () => token, setItem: () => {}};
 globalThis.location = {hash: "", host: "test"};
 globalThis.window = {addEventListener: () => {}};
@@ -40,7 +40,17 @@ eval(script + `;(async () => {
 def test_page_is_served_without_a_token(server):
     r = httpx.get(f"{server}/ui")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
-    assert "<title>draftyard</title>" in r.text and "/v1/runs" in r.text
+    assert "<title>draftyard</title>" in r.text
+    # issue 17: a CSP with no inline script, and no framing by other sites
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp.split("style-src-attr")[0]
+    assert "frame-ancestors 'none'" in csp and r.headers["x-frame-options"] == "DENY"
+    assert "<script>" not in r.text and "<style>" not in r.text and "onclick=" not in r.text
+    js = httpx.get(f"{server}/ui/app.js")
+    assert js.status_code == 200 and "javascript" in js.headers["content-type"]
+    assert "/v1/runs" in js.text and "onclick=\"" not in js.text
+    assert httpx.get(f"{server}/ui/app.css").headers["content-type"].startswith("text/css")
+    assert httpx.get(f"{server}/ui/../main.py").status_code == 404
     r = httpx.get(f"{server}/", follow_redirects=False)
     assert r.status_code in (302, 307) and r.headers["location"] == "/ui"
 
@@ -56,8 +66,8 @@ def test_every_view_renders_against_the_real_api(api, worker, server, tmp_path):
     wait_for(lambda: (p := api.job(running["id"])["progress"]) and p.get("rate") and
              p.get("eta_s") is not None and 0 < p["done"] < p["total"], 60, 0.3,
              "the running probe to report a rate and an ETA")
-    page = tmp_path / "index.html"
-    page.write_text(httpx.get(f"{server}/ui").text)
+    page = tmp_path / "app.js"
+    page.write_text(httpx.get(f"{server}/ui/app.js").text)
     (tmp_path / "harness.js").write_text(HARNESS)
     try:
         out = subprocess.run(["node", str(tmp_path / "harness.js"), str(page), server, api.token,

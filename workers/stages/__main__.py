@@ -12,8 +12,8 @@ import signal
 import sys
 import traceback
 
-from workers.stages.common import StageContext, StageError, read_spec
 from procgroup import watch_parent
+from workers.stages.common import StageContext, StageError, check_roots, read_spec
 
 STAGES = ("probe", "ingest", "mix", "generate", "prepare", "extract", "train", "evaluate",
           "plan")
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = StageContext.from_spec(spec)
     mod = importlib.import_module(f"workers.stages.{args.type}")
     try:
+        check_roots(spec)
         result = mod.run(spec, ctx) or {}
         ctx.emit("result", result)
         return 0

@@ -120,6 +120,39 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def check_roots(spec: dict) -> None:
+    """Defence in depth (issue 17 item 1): the API checked every path a client named; the
+    stage checks the paths in its spec again against the roots the spec carries
+    (`{"roots": {"data": [...], "model": [...], "artifacts": [...]}}`, written by the worker),
+    so a path that slipped past the API (or a spec edited on disk) is still not opened. A spec
+    without `roots` is one an operator wrote to run a stage alone from a shell."""
+    roots = spec.get("roots")
+    if roots is None:
+        return
+    from contracts.roots import within_roots
+
+    def check(raw: Any, which: tuple[str, ...], where: str) -> None:
+        if raw is None:
+            return
+        allowed = [r for w in which for r in roots.get(w) or []]
+        if within_roots(str(raw), allowed) is None:
+            raise StageError("path_not_allowed", f"{where}: the path is outside the folders "
+                             "this server may read", {"param": where})
+
+    for name, value in (spec.get("inputs") or {}).items():
+        for i, v in enumerate(value if isinstance(value, list) else [value]):
+            if not isinstance(v, dict):
+                continue
+            where = f"inputs.{name}" + (f".{i}" if isinstance(value, list) else "")
+            if spec.get("type") == "ingest":
+                check(v.get("path"), ("data",), where + ".path")
+            elif v.get("kind") == "target":
+                check(v.get("path"), ("model",), where + ".path")
+                check(v.get("tokenizer_path"), ("model",), where + ".tokenizer_path")
+            else:
+                check(v.get("path"), ("artifacts",), where + ".path")
+
+
 def read_spec(path: str | Path) -> dict:
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)

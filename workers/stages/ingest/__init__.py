@@ -30,9 +30,10 @@ from itertools import chain
 from pathlib import Path
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from contracts.ingest import IngestParams
+from contracts.inputs import SourceFile
 from workers.stages.common import StageContext, StageError, write_json_atomic
 from workers.stages.ingest.formats import FORMATS, NORMALIZERS, detect_one, shape_hint
 from workers.stages.ingest.messages import NoMatch, Reject
@@ -46,14 +47,7 @@ DETECT_MAX_ITEMS = 10_000  # give up detection (binary or foreign file) after th
 SAMPLE_REJECTS = 20
 PROGRESS_EVERY = 4096
 
-class SourceInput(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    path: str = Field(min_length=1)
-    name: str | None = None
-
-
-def _validate(spec: dict) -> tuple[IngestParams, SourceInput]:
+def _validate(spec: dict) -> tuple[IngestParams, SourceFile]:
     try:
         params = IngestParams.model_validate(spec.get("params") or {})
     except ValidationError as e:
@@ -63,7 +57,7 @@ def _validate(spec: dict) -> tuple[IngestParams, SourceInput]:
                          {"param": f"params.{field}"}) from None
     src = (spec.get("inputs") or {}).get("source")
     try:
-        source = SourceInput.model_validate(src)
+        source = SourceFile.model_validate(src)
     except ValidationError as e:
         raise StageError("invalid_params", "inputs.source must be {\"path\": <file>, \"name\"?}: "
                          f"{e.errors()[0]['msg']}", {"param": "inputs.source"}) from None

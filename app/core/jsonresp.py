@@ -1,0 +1,45 @@
+"""The API's JSON response: orjson (fast), falling back to the standard library for a stored
+value orjson refuses (nested past 255 levels, an integer past 64 bits, a lone surrogate),
+so a listing can never become a 500 for everyone because of one row (issue 17 item 3). New
+values are bounded at the edge (contracts/bounds.py); this covers rows stored before that."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import orjson
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import ORJSONResponse
+
+log = logging.getLogger("draftyard.api")
+
+
+def _placeholder(_o: Any) -> str:
+    return "<unrenderable>"
+
+
+class SafeJSONResponse(ORJSONResponse):
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except (orjson.JSONEncodeError, TypeError):
+            pass
+        log.warning("a response needed the slow JSON encoder (a stored value orjson refuses)")
+        try:
+            return json.dumps(jsonable_encoder(content), ensure_ascii=True,
+                              default=_placeholder).encode()
+        except (RecursionError, ValueError):
+            # Deeper than even the standard library renders: show the shape, not a 500.
+            return json.dumps(_shallow(content), ensure_ascii=True, default=str).encode()
+
+
+def _shallow(v: Any, depth: int = 0) -> Any:
+    if depth > 64:
+        return "<too deep to render>"
+    if isinstance(v, dict):
+        return {str(k): _shallow(x, depth + 1) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_shallow(x, depth + 1) for x in v]
+    return v
