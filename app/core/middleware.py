@@ -8,6 +8,10 @@ import uuid
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.core.config import get_settings
+from app.core.errors import error_body
+from app.core.jsonresp import SafeJSONResponse
+
 
 class _HttpMiddleware:
     """A pure ASGI middleware that acts on HTTP requests only (lifespan passes through)."""
@@ -62,8 +66,6 @@ class BodyLimitMiddleware(_HttpMiddleware):
     FORM_OVERHEAD = 1 << 20
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from app.core.config import get_settings
-
         s = get_settings()
         headers = dict(scope.get("headers") or [])
         ctype = headers.get(b"content-type", b"").decode("latin-1")
@@ -76,9 +78,6 @@ class BodyLimitMiddleware(_HttpMiddleware):
         except ValueError:
             declared = 0
         if declared > cap:
-            from app.core.errors import error_body
-            from app.core.jsonresp import SafeJSONResponse
-
             resp = SafeJSONResponse(error_body("payload_too_large", BodyTooLarge(cap, what).detail,
                                                "body"), status_code=413,
                                     headers={"Connection": "close"})

@@ -131,8 +131,6 @@ def _check_shape(type_: str, inputs: dict) -> None:
 
 def ingest_source(raw: str) -> Path:
     """An ingest's source file: inside DRAFTYARD_DATA_ROOTS, or an upload this server stored."""
-    from app.core.config import get_settings
-
     s = get_settings()
     path = resolve_inside(raw, s.roots("data") + [s.uploads_dir.resolve()], what="data",
                           param="inputs.source.path", env="DRAFTYARD_DATA_ROOTS")
