@@ -155,3 +155,26 @@ def test_concurrent_plans_are_bounded(small):
             r = c.post("/v1/plans", json={"name": "p", "target_id": tgt.json()["id"],
                                           "dataset_id": "ds_x", "drafter": {"type": "dflash"}})
         _err(r, 429, "too_many_plans")
+
+
+def test_one_user_cannot_hold_every_cpu_slot_while_another_waits(api, member, worker):
+    """The session's worker has two CPU slots. A runs two probes; when the short one ends,
+    B's waiting job gets the slot before A's older one (issue 17: two long probes of one
+    user held every slot and ingests starved)."""
+    from tests.conftest import wait_for
+
+    other = api.post("/v1/users", {"name": f"cpu-{uuid.uuid4().hex[:6]}", "role": "member"})
+    other = api.as_(other.json()["token"])
+    fast = {"steps": 2, "import_torch": False}
+    a1 = member.submit(type="probe", params={"sleep_s": 3, **fast})
+    a2 = member.submit(type="probe", params={"sleep_s": 60, **fast})
+    try:
+        wait_for(lambda: all(api.job(j["id"])["status"] == "running" for j in (a1, a2)), 60,
+                 0.2, "A's two probes to run")
+        a3 = member.submit(type="probe", params={"sleep_s": 0, **fast})
+        b1 = other.submit(type="probe", params={"sleep_s": 0, **fast})
+        done = [api.wait_job(j["id"], timeout=90) for j in (b1, a3)]
+        assert all(j["status"] == "succeeded" for j in done), done
+        assert done[0]["started_at"] < done[1]["started_at"], done
+    finally:
+        api.post(f"/v1/jobs/{a2['id']}/cancel")
