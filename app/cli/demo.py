@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.cli.report import print_report as show_report
 from app.cli.runs import print_plan
-from app.cli.view import console, follow_jobs, num
+from app.cli.view import console, follow_jobs
 from draftyard import ApiError, Client
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,30 +94,16 @@ def run_pipeline(c: Client, target_dir: Path, cfg: dict, log=console.print) -> d
 
 
 def print_report(c: Client, run: dict) -> dict:
-    rep = run.get("report") or {}
-    console.print(f"\nrun {run['id']}: [bold]{run['status']}[/bold]")
-    for j in run["jobs"]:
-        extra = f" error {j['error']['code']}: {j['error']['message']}" if j.get("error") else ""
-        console.print(f"  {j['run_stage']:<9} {j['id']} {j['status']:<10} outputs "
-                      f"{', '.join(j['outputs']) or '-'}{extra}")
+    """The run's report as `draftyard runs show` prints it, then where each artifact lies."""
+    console.print(f"\nacceptance report of run {run['id']} (also: draftyard runs show "
+                  f"{run['id']}, or the dashboard's run page)")
+    show_report(c.run_report(run["id"]))
     artifacts = {}
     for j in run["jobs"]:
         for a in j["outputs"]:
             art = c.get_artifact(a)
             artifacts[j["run_stage"]] = {"id": a, "kind": art["kind"], "uri": art["uri"]}
             console.print(f"  {art['kind']:<14} {a} {art['uri']}")
-    if rep:
-        console.print("\nacceptance (greedy speculative decoding on held-out prompts; tau = "
-                      "tokens per target forward):")
-        console.print(f"  verdict: {rep.get('verdict')} ({rep.get('verdict_reason')})")
-        console.print(f"  trained drafter:   tau {num(rep.get('tau'))}  "
-                      f"(tau_sim {num(rep.get('tau_sim'))})")
-        console.print(f"  untrained drafter: tau {num(rep.get('tau_baseline'))}")
-        drafter = next((j for j in run["jobs"] if j["run_stage"] == "train"), None)
-        if drafter and drafter["outputs"]:
-            meta = c.get_artifact(drafter["outputs"][0])["meta"]
-            if meta.get("vllm_serve_command"):
-                console.print(f"  serve it: {meta['vllm_serve_command']}")
     return artifacts
 
 

@@ -38,5 +38,10 @@ def test_embedded_mode_runs_a_probe_without_postgres_or_redis(tmp_path):
         assert final["status"] == "succeeded", (final, proc.tail())
         assert (tmp_path / "home" / "draftyard.db").exists()
         assert final["metrics_summary"]["python"]
+        # The team directory and the run report on SQLite too (issue 16).
+        users = c.get("/v1/users").json()["data"]
+        assert [u["role"] for u in users] == ["admin"], users
+        r = c.get("/v1/runs/run_nope/report")
+        assert r.status_code == 404 and r.json()["error"]["param"] == "id", r.text
     finally:
         proc.kill()

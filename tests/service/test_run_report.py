@@ -131,3 +131,19 @@ def test_runs_show_in_the_terminal(api, reported_run):
     (SHOTS / "runs-show.txt").write_text(out)
     r = cli(api, "runs", "show", "run_nope")
     assert r.returncode == 1 and "not_found" in r.stdout
+
+
+def test_the_demo_prints_the_same_report(api, reported_run, capsys):
+    """`draftyard demo` ends with this report too (app/cli/demo.py); checked here on the
+    session's run, since the demo itself takes minutes."""
+    from app.cli import demo
+    from draftyard import Client
+
+    run = reported_run["run"]
+    arts = demo.print_report(Client(api.url, reported_run["token"]), run)
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps at 80 columns
+    assert set(arts) == {"prepare", "extract", "train", "evaluate"}
+    assert {k: v["id"] for k, v in arts.items()} == {j["run_stage"]: j["outputs"][0]
+                                                      for j in run["jobs"]}
+    assert "VERDICT: " in out and "acceptance per draft position" in out
+    assert "vllm serve" in out and f"draftyard runs show {run['id']}" in out
