@@ -63,10 +63,13 @@ $(VLLM_STAMP): pyproject.toml constraints-cpu.txt
 	rm -f $(VLLM_VENV)/.installed-*
 	touch $(VLLM_STAMP)
 
-# Threads and KV cache kept small: the machine's 2 cores are shared.
-test-vllm: install services vllm-install
+# Threads and KV cache kept small: the machine's 2 cores are shared. The measured numbers
+# (agreement, tokens/s, acceptance) are printed at the end.
+test-vllm: install vllm-install
+	@rm -f bench/out/vllm_cpu_report.jsonl
 	DRAFTYARD_VLLM_VENV=$(abspath $(VLLM_VENV)) VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=1 \
-		$(PY) -m pytest -q -m vllm_cpu tests/vllm_cpu
+		$(PY) -m pytest -q -m vllm_cpu tests/stages/vllm_cpu
+	@cat bench/out/vllm_cpu_report.jsonl 2>/dev/null || true
 
 # Each bench sets the torch threads it documents (extract and train: 1, so the baseline and
 # the job share one core the same way); bench/_*.py are helpers.

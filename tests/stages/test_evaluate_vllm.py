@@ -179,3 +179,18 @@ def test_server_is_stopped_and_startup_failure_is_typed(tmp_path: Path):
         bad.__enter__()
     assert e.value.code == "vllm_failed" and "status 3" in e.value.message
     assert "boom" in e.value.message
+
+
+def test_a_server_that_never_gets_healthy_is_stopped(tmp_path: Path):
+    # Seen with real vLLM: `with VllmServer(...)` whose start timed out left the server
+    # running, because __exit__ does not run when __enter__ raises.
+    port = _free_port()
+    srv = VllmServer([sys.executable, "-c", "import time; time.sleep(600)"], port,
+                     tmp_path / "c.log", startup_timeout_s=1.0)
+    with pytest.raises(StageError) as e:
+        with srv:
+            pass
+    assert e.value.code == "vllm_failed" and "not healthy" in e.value.message
+    assert srv.proc.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(srv.proc.pid, 0)

@@ -30,7 +30,8 @@ from workers.stages.common import StageContext
 from workers.stages.generate.backends.vllm_server import free_port
 from workers.stages.records import write_dataset
 
-pytestmark = pytest.mark.vllm_cpu
+# vLLM starts in minutes on two shared cores: far past the suite's 600 s per test.
+pytestmark = [pytest.mark.vllm_cpu, pytest.mark.timeout(3600)]
 
 # vLLM on CPU: float32 like the transformers measure, a small context, no CUDA graphs.
 CPU_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]

@@ -16,7 +16,8 @@ from tests.stages.train_support import LAYER_IDS
 from tests.stages.vllm_cpu.support import STARTUP_S, report, vllm_venv
 from workers.stages.common import StageContext
 
-pytestmark = pytest.mark.vllm_cpu
+# vLLM starts in minutes on two shared cores: far past the suite's 600 s per test.
+pytestmark = [pytest.mark.vllm_cpu, pytest.mark.timeout(3600)]
 
 N = 6
 

@@ -32,7 +32,8 @@ from tests.stages.vllm_cpu.support import (
 from workers.stages.common import StageError
 from workers.stages.procs import stop_group
 
-pytestmark = pytest.mark.vllm_cpu
+# vLLM starts in minutes on two shared cores: far past the suite's 600 s per test.
+pytestmark = [pytest.mark.vllm_cpu, pytest.mark.timeout(3600)]
 
 PROMPTS = [
     "Say alpha.", "Say gamma.", "def parse_args(argv):", "class Stack:", "import os\nimport sys\n", "Write a for loop.",

@@ -122,7 +122,13 @@ class VllmServer:
         self._log = log
         self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True, env=self.env)
-        self._wait_healthy()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            # __exit__ does not run when __enter__ raises: a server that never became
+            # healthy (or a stage interrupted while waiting) would otherwise outlive it.
+            self.stop()
+            raise
         return self
 
     def _wait_healthy(self) -> None:
