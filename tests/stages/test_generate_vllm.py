@@ -340,8 +340,8 @@ def test_failure_reason_finds_the_root_cause_line():
         "(APIServer pid=1) ERROR [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
         "EngineCore encountered an issue. See stack trace (above) for the root cause.",
     ])
-    assert failure_reason(log).endswith("RuntimeError: Unsupported CPU attention "
-                                        "configuration: head_dim=16 isa=2 kv_cache_idx=0")
+    assert failure_reason(log) == ("RuntimeError: Unsupported CPU attention "
+                                   "configuration: head_dim=16 isa=2 kv_cache_idx=0")
     assert failure_reason("(A pid=1) INFO all good\n(A pid=1) WARNING [x.py:1] OSError: no") is None
 
 

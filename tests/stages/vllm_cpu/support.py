@@ -27,6 +27,12 @@ from tests.stages.conftest import REPO
 REPORT = REPO / "bench" / "out" / "vllm_cpu_report.jsonl"
 # vLLM on 2 shared cores: loading, compiling and profiling a tiny model takes minutes.
 STARTUP_S = 1500.0
+# On CPU `--gpu-memory-utilization` is the share of the machine's RAM vLLM wants free at
+# start (vLLM's default 0.9 fails as soon as other processes hold 10% of it: "Available
+# memory on node 0 (18.92/23.59 GiB) on startup is less than desired CPU memory
+# utilization"). The KV cache itself is VLLM_CPU_KVCACHE_SPACE (1 GiB). 0.2 of a GPU also
+# holds a tiny model.
+MEMORY_UTILIZATION = 0.2
 
 
 def vllm_venv() -> Path:

@@ -20,6 +20,7 @@ import pytest
 from tests.stages import train_support as ts
 from tests.stages.conftest import target_input
 from tests.stages.vllm_cpu.support import (
+    MEMORY_UTILIZATION,
     STARTUP_S,
     engine_dtype,
     report,
@@ -35,7 +36,8 @@ from workers.stages.records import write_dataset
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.timeout(3600)]
 
 # The transformers measure's dtype, a small context, no compile warm-up / CUDA graphs.
-CPU_ARGS = ["--dtype", engine_dtype(), "--max-model-len", "512", "--enforce-eager"]
+CPU_ARGS = ["--dtype", engine_dtype(), "--max-model-len", "512", "--enforce-eager",
+            "--gpu-memory-utilization", str(MEMORY_UTILIZATION)]
 
 
 def _train(vllm_train_data, tmp_path: Path, kind: str) -> tuple[Path, dict]:

@@ -20,7 +20,13 @@ import pytest
 
 from tests.stages.conftest import target_input
 from tests.stages.train_support import LAYER_IDS
-from tests.stages.vllm_cpu.support import STARTUP_S, on_gpu, report, vllm_venv
+from tests.stages.vllm_cpu.support import (
+    MEMORY_UTILIZATION,
+    STARTUP_S,
+    on_gpu,
+    report,
+    vllm_venv,
+)
 from workers.stages.common import StageContext, StageError
 
 # vLLM starts in minutes on two shared cores: far past the suite's 600 s per test.
@@ -37,6 +43,7 @@ def _spec(vllm_train_data, tmp_path: Path) -> dict:
                        "max_samples": N,
                        "vllm": {"python": str(vllm_venv() / "bin" / "python"),
                                 "concurrency": 2, "startup_timeout_s": STARTUP_S,
+                                "gpu_memory_utilization": MEMORY_UTILIZATION,
                                 "extra_args": ["--enforce-eager"]}},
             "out_dir": str(tmp_path / "out"), "work_dir": str(tmp_path / "work"),
             "events_path": str(tmp_path / "events.jsonl")}

