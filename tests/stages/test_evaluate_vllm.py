@@ -79,7 +79,8 @@ def test_counters_are_differenced_and_empty_is_none():
 
 def test_serve_command_names_drafter_method_and_tokens():
     cmd = serve_command("/m/target", "/m/drafter", "dflash", 7, 8123, extra_args=["-tp", "2"])
-    assert cmd[:3] == ["vllm", "serve", "/m/target"]
+    # `vllm serve` next to the stage's interpreter when its venv has one, else from PATH.
+    assert cmd[0].endswith("vllm") and cmd[1:3] == ["serve", "/m/target"]
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
     assert spec == {"model": "/m/drafter", "method": "dflash", "num_speculative_tokens": 7}
     assert cmd[cmd.index("--port") + 1] == "8123" and cmd[-2:] == ["-tp", "2"]
@@ -178,3 +179,18 @@ def test_server_is_stopped_and_startup_failure_is_typed(tmp_path: Path):
         bad.__enter__()
     assert e.value.code == "vllm_failed" and "status 3" in e.value.message
     assert "boom" in e.value.message
+
+
+def test_a_server_that_never_gets_healthy_is_stopped(tmp_path: Path):
+    # Seen with real vLLM: `with VllmServer(...)` whose start timed out left the server
+    # running, because __exit__ does not run when __enter__ raises.
+    port = _free_port()
+    srv = VllmServer([sys.executable, "-c", "import time; time.sleep(600)"], port,
+                     tmp_path / "c.log", startup_timeout_s=1.0)
+    with pytest.raises(StageError) as e:
+        with srv:
+            pass
+    assert e.value.code == "vllm_failed" and "not healthy" in e.value.message
+    assert srv.proc.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(srv.proc.pid, 0)

