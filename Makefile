@@ -78,7 +78,7 @@ bench: install services
 
 # Fails on a lint or type error (CI runs it before the tests: .ci/run). Config: pyproject.toml.
 lint: install
-	$(PY) -m ruff check app workers contracts tests bench
+	$(PY) -m ruff check app workers contracts draftyard procgroup tests bench
 	$(PY) -m mypy
 
 clean:

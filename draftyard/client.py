@@ -299,7 +299,7 @@ class Client:
 
     def follow_logs(self, job_id: str, tail: int | None = None) -> Iterator[str]:
         """The job's log as it grows, in chunks of text, until the job ends."""
-        params = {"follow": "true", **({"tail": tail} if tail else {})}
+        params: dict[str, str | int] = {"follow": "true", **({"tail": tail} if tail else {})}
         with self.http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params,
                               timeout=None) as r:
             if r.status_code >= 400:
@@ -352,9 +352,13 @@ class Client:
             if not target.resolve().is_relative_to(dest_dir.resolve()):
                 raise ValueError(f"artifact {artifact_id} names a file outside its folder: "
                                  f"{f['path']!r}")
-            base = done
-            self.download_file(artifact_id, f["path"], target,
-                               (lambda n, _t, b=base: progress(b + n, total)) if progress else None)
+            step = None
+            if progress is not None:
+                report, base = progress, done
+
+                def step(n: int, _t: int | None, report=report, base=base) -> None:
+                    report(base + n, total)
+            self.download_file(artifact_id, f["path"], target, step)
             done += f.get("bytes") or 0
             if f.get("sha256"):
                 got = hashlib.sha256(target.read_bytes()).hexdigest()
