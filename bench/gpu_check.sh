@@ -267,6 +267,7 @@ if [ "${GPU_CHECK_KILL:-1}" != "0" ]; then
 fi
 
 PART2="part 2 skipped (GPU_CHECK_VLLM_TESTS=0)"
+[ "$DRY" = 1 ] && PART2="part 2 skipped (dry run: it needs a real vLLM)"
 if [ "${GPU_CHECK_VLLM_TESTS:-1}" != "0" ] && [ "$DRY" != 1 ]; then
     step "part 2: tests/stages/vllm_cpu against this vLLM"
     "$PY" -c 'import pytest, datasets, safetensors, speculators' 2>/dev/null \

@@ -94,7 +94,7 @@ def test_vllm_cpu_hidden_states_connector_fails_as_the_refusal_says(vllm_train_d
     and the server gone afterwards."""
     if on_gpu():
         pytest.skip("the CPU build's failure; a GPU extracts (test_extract_with_vllm)")
-    from workers.stages.extract.backends import ExtractJob
+    from workers.stages.extract.backends import ExtractJob, open_rows, read_input_ids
     from workers.stages.extract.backends.vllm import extract
     from workers.stages.extract.layers import LayerPlan
     from workers.stages.extract.params import parse_params
@@ -112,8 +112,9 @@ def test_vllm_cpu_hidden_states_connector_fails_as_the_refusal_says(vllm_train_d
                      dtype="float32", batch_tokens=8192, batch_mode="vllm",
                      attn_implementation=None, folder=work / "hs", work_dir=work, workers=1,
                      vllm=p.vllm)
+    n = len(read_input_ids(open_rows(job.tokenized_path), [0])[0])
     with pytest.raises(StageError) as e:
-        extract(job, [(0, 40)], lambda *_: None)
+        extract(job, [(0, n)], lambda *_: None)
     log = (work / "vllm_server.log").read_text(errors="replace")
     why = failure_reason(log)
     assert why and "pin_memory=True requires a CUDA or other accelerator backend" in why, \
