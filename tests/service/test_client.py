@@ -107,8 +107,11 @@ def test_the_client_is_the_one_http_client():
     """Outside the client, app/ and draftyard/ make no HTTP calls of their own (the CLI may
     name httpx's transport error to say the API is unreachable)."""
     offenders = []
+    # The webhook sender POSTs to the users' own receivers: an outbound notifier, not a
+    # client of draftyard's API.
+    exempt = {REPO / "draftyard" / "client.py", REPO / "app" / "webhooks" / "sender.py"}
     for f in sorted([*(REPO / "app").rglob("*.py"), *(REPO / "draftyard").rglob("*.py")]):
-        if f == REPO / "draftyard" / "client.py":
+        if f in exempt:
             continue
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from app.core.ids import new_id
@@ -14,14 +16,15 @@ from app.models import Dataset, Run, Target
 from app.runs.service import get_run
 
 
-
-
 def _ingesting(db, user) -> Dataset:
     ds = Dataset(id=new_id("ds"), name="d", owner_id=user.id, status="ingesting", source={})
+    src = os.path.join(os.environ["DRAFTYARD_DATA_ROOTS"], "d.jsonl")  # inside the data roots
+    with open(src, "w") as fh:
+        fh.write('{"messages": [{"role": "user", "content": "hi"}]}\n')
     db.add(ds)
     db.flush()
     job = create_job(db, user, JobCreate(type=JobType.ingest, name="ingest d",
-                                         inputs={"source": {"path": "/nowhere", "name": "d"}},
+                                         inputs={"source": {"path": src, "name": "d"}},
                                          params={"format": "auto"}))
     ds.job_id = job.id
     db.flush()

@@ -75,6 +75,8 @@ def _train_run(st: Stack, c) -> dict:
     return r.json()
 
 
+# slow (62 s quiet, ~250 s loaded): the choice of victims is tested in tests/scheduler/test_preempt.py.
+@pytest.mark.slow
 def test_urgent_job_preempts_train_which_resumes_to_the_same_step_count(stack):
     alice, bob = stack.user("alice"), stack.user("bob")
     t_begin = time.time()

@@ -212,6 +212,8 @@ def test_cancel_run_during_train_then_retry_reuses_and_resumes(api, worker, targ
     assert _gpus_of(api, gpu_node) == [None]
 
 
+# slow (74 s): reuse of every stage is also exercised by the cancel/retry run test above.
+@pytest.mark.slow
 def test_same_run_again_reuses_every_stage_unless_forced(api, worker, target, home):
     ds = _dataset(api, home, "reuse", _records(12))
     body = _body(target, ds, name="reuse")

@@ -250,6 +250,8 @@ def _check_contended(users, ids, jobs, seen_assigned, *, tolerance: float):
         assert abs(s - 0.25) <= tolerance, shares
 
 
+# slow (65 s): fairness is checked at policy level in tests/scheduler; this is the scale run.
+@pytest.mark.slow
 def test_200_jobs_4_users_2_nodes_fair_and_never_oversubscribed(api, nodes):
     """200 probe jobs (1-8 GPUs, each user the same mix: sizes 1..8 shuffled) from 4 users,
     submitted concurrently by 7 threads (the first user through 4 of them, so its jobs are

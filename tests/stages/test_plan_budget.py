@@ -22,7 +22,10 @@ def _records(n: int, broken: set[int]) -> list[dict]:
 def _plan(tmp_path, tiny_target, templates_dir, records, stages) -> dict:
     write_dataset(tmp_path / "ds", records)
     tmpl = (templates_dir / "qwen3_6.jinja").read_text()
-    run_body = {"drafter": {"type": "dflash"}, "chat_template_kwargs": {"enable_thinking": False},
+    # A whole run body (the plan stage checks it as POST /v1/runs would: contracts/run.py).
+    run_body = {"name": "plan-budget", "target_id": "tgt_test", "dataset_id": "ds_test",
+                "drafter": {"type": "dflash"}, "chat_template_kwargs": {"enable_thinking": False},
+                "mode": "online",
                 "stages": {"prepare": {"seq_length": 256}, "extract": None, "train": {},
                            **stages}}
     spec = {"inputs": {"dataset": {"path": str(tmp_path / "ds"), "meta": {}},
