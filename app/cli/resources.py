@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
@@ -30,6 +31,21 @@ def _table(title: str, cols: tuple[str, ...], rows: list[list]) -> None:
     for r in rows:
         t.add_row(*[("" if v is None else str(v)) for v in r])
     console.print(t)
+
+
+def _listing(fetch: Callable[[Client], dict], json_out: bool) -> tuple[list[dict], dict] | None:
+    """One page of a listing with user id -> name for its owner column; None once `--json`
+    has printed the page as it came."""
+    c = Client()
+    try:
+        data = fetch(c)["data"]
+        if json_out:
+            print_json(data)
+            return None
+        return data, owner_names(c)
+    except ApiError as e:
+        fail(e)
+        return None  # not reached: fail() exits
 
 
 def _size(n: int | None) -> str:
@@ -54,14 +70,10 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
     def targets_list(ctx: typer.Context, limit: int = 20, json_out: bool = JSON):
         if ctx.invoked_subcommand:
             return
-        c = Client()
-        try:
-            data = c.list_targets(limit)["data"]
-            if json_out:
-                return print_json(data)
-            names = owner_names(c)
-        except ApiError as e:
-            fail(e)
+        got = _listing(lambda c: c.list_targets(limit), json_out)
+        if got is None:
+            return
+        data, names = got
         _table("targets", ("id", "name", "owner", "architecture", "layers", "hidden", "vocab",
                            "template", "path"),
                [[t["id"], t["name"], names.get(t["owner"], t["owner"]), t.get("architecture"),
@@ -87,14 +99,10 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
     def datasets_list(ctx: typer.Context, limit: int = 20, json_out: bool = JSON):
         if ctx.invoked_subcommand:
             return
-        c = Client()
-        try:
-            data = c.list_datasets(limit)["data"]
-            if json_out:
-                return print_json(data)
-            names = owner_names(c)
-        except ApiError as e:
-            fail(e)
+        got = _listing(lambda c: c.list_datasets(limit), json_out)
+        if got is None:
+            return
+        data, names = got
         _table("datasets", ("id", "name", "owner", "status", "format", "records", "rejected",
                             "prompt-only"),
                [[d["id"], d["name"], names.get(d["owner"], d["owner"]), d["status"],
