@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from contracts.target import layer_ids_problem
 
 # the free-disk margin the extract planner keeps (1 GiB)
 DEFAULT_MARGIN_BYTES = 1 << 30
@@ -57,3 +59,13 @@ class ExtractParams(BaseModel):
     # CUDA device (1 on CPU).
     workers: int | None = Field(None, ge=1)
     vllm: VllmParams = Field(default_factory=VllmParams)
+
+    @field_validator("layer_ids")
+    @classmethod
+    def _layer_ids(cls, ids: list[int] | None) -> list[int] | None:
+        # The part of the one rule that needs no target; the range is checked against the
+        # target's config by the stage (and the run's plan).
+        bad = layer_ids_problem(ids, None, "layer_ids") if ids is not None else None
+        if bad:
+            raise ValueError(bad.message)
+        return ids

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contracts.target import layer_ids_problem
+
 
 # Fields a resumed run may change without invalidating its checkpoint: they steer how long
 # and how visibly the run goes, not what it computes per step.
@@ -54,9 +56,10 @@ class DrafterParams(_Strict):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} applies to dflash only")
             self.ttt_steps = 4 if self.ttt_steps is None else self.ttt_steps
-        ids = self.target_layer_ids
-        if ids is not None and (not ids or len(set(ids)) != len(ids) or min(ids) < 0):
-            raise ValueError("target_layer_ids must be a non-empty list of distinct ids >= 0")
+        if self.target_layer_ids is not None:  # the target's range: checked by the stage
+            bad = layer_ids_problem(self.target_layer_ids, None, "target_layer_ids")
+            if bad:
+                raise ValueError(bad.message)
         return self
 
     @property

@@ -16,6 +16,7 @@ from app.core.errors import Invalid, NotFound
 from app.core.ids import new_id
 from app.core.paths import resolve_inside
 from app.models import Target
+from contracts.target import text_config
 
 
 class GenerationTag(Extension):
@@ -75,7 +76,7 @@ def create_target(session: Session, user: Principal, body) -> Target:
     tok = (resolve_inside(body.tokenizer_path, roots, what="model", param="tokenizer_path",
                           env="DRAFTYARD_MODEL_ROOTS") if body.tokenizer_path else path)
     cfg = read_config(path, body.path)
-    text_cfg = cfg.get("text_config") or cfg
+    text_cfg = text_config(cfg)
     if body.chat_template is not None:
         check_template(body.chat_template)
     t = Target(id=new_id("tgt"), name=body.name, owner_id=user.id, path=str(path),

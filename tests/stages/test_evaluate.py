@@ -211,7 +211,7 @@ def _other_target(folder: Path, **cfg) -> Path:
     ({"hidden_size": 32, "head_dim": 8}, (1, 4, 7), "hidden size: drafter 32, target 64"),
     ({"vocab_size": 32000}, (1, 4, 7), "vocab size: drafter built for 32000, target 151669"),
     ({"num_hidden_layers": 16}, (2, 9, 14),
-     "layer ids: drafter taps [9, 14], target has layers 0..8"),
+     "layer ids: drafter aux layer ids [9, 14] out of range"),
 ])
 def test_drafter_for_another_target_is_refused_before_compute(shape, aux, expect, tiny_target,
                                                                tmp_path):

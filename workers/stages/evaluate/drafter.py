@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.target import layer_ids_problem, text_config
 from workers.stages.common import StageError
-from workers.stages.extract.layers import text_config
 
 SUPPORTED = ("dflash", "eagle3")
 
@@ -122,13 +122,12 @@ def check_fit(d: DrafterSpec, target_config: dict, label: str = "drafter") -> No
     if d.d2t_len is not None and d.d2t_len != d.draft_vocab_size:
         problems.append(f"draft vocab: d2t has {d.d2t_len} entries, config says "
                         f"{d.draft_vocab_size}")
-    if not d.aux_layer_ids:
-        problems.append(f"layer ids: {label} config names no auxiliary target layers")
-    elif t_layers is not None:
-        # Id N (= num_hidden_layers) is the last layer's output before the final norm.
-        bad = [i for i in d.aux_layer_ids if not 0 <= i <= t_layers]
-        if bad:
-            problems.append(f"layer ids: {label} taps {bad}, target has layers 0..{t_layers}")
+    # The one rule extract and train apply (contracts/target.py); a target config without
+    # a layer count checks what needs none.
+    bad = layer_ids_problem(d.aux_layer_ids, t_layers if isinstance(t_layers, int) else None,
+                            f"{label} aux layer ids")
+    if bad:
+        problems.append(f"layer ids: {bad.message}")
     if problems:
         raise StageError("drafter_target_mismatch",
                          f"{label} at {d.path} does not fit the target: " + "; ".join(problems),

@@ -15,15 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.target import layer_ids_problem, text_config
 from workers.stages.common import StageError
 
 DRAFTER_TYPES = ("dflash", "eagle3")
-
-
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's config (multimodal checkpoints nest it under `text_config`)."""
-    inner = config.get("text_config")
-    return inner if isinstance(inner, dict) and "num_hidden_layers" in inner else config
 
 
 def num_hidden_layers(config: dict[str, Any]) -> int:
@@ -88,27 +83,11 @@ class LayerPlan:
 
 def validate_layer_ids(layer_ids: list[int], num_layers: int,
                        field: str = "layer_ids") -> list[int]:
-    """The one validity rule of aux layer ids, for every stage (extract, train, the plan):
-    distinct ints in [0, N-1]; N itself is always stored as the last entry, so listing it
-    would store it twice. `field`: the param as the caller's spec spells it."""
-    valid = f"[0, {num_layers - 1}]"
-    if not layer_ids:
-        raise StageError("invalid_params", f"{field} must list at least one aux layer in "
-                         f"{valid} (the target has {num_layers} layers)",
-                         details={"field": field, "valid_range": [0, num_layers - 1]})
-    bad = [i for i in layer_ids if not isinstance(i, int) or isinstance(i, bool)
-           or i < 0 or i >= num_layers]
+    """The one validity rule of aux layer ids (`contracts.target.layer_ids_problem`) as the
+    stages' `invalid_params` error. `field`: the param as the caller's spec spells it."""
+    bad = layer_ids_problem(layer_ids, num_layers, field)
     if bad:
-        hint = (f"; layer {num_layers} (the input of the final norm) is always stored last, "
-                f"do not list it") if num_layers in bad else ""
-        raise StageError("invalid_params",
-                         f"{field} {bad} out of range: valid aux layer ids are {valid} for a "
-                         f"target with {num_layers} layers{hint}",
-                         details={"field": field, "invalid": bad,
-                                  "valid_range": [0, num_layers - 1]})
-    if len(set(layer_ids)) != len(layer_ids):
-        raise StageError("invalid_params", f"{field} must be distinct, got {layer_ids}",
-                         details={"field": field})
+        raise StageError("invalid_params", bad.message, bad.details)
     return list(layer_ids)
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from contracts.target import text_value
+
 
 class TokenCounter:
     """Dense counts over the vocabulary; workers send (unique ids, counts) per chunk."""
@@ -51,8 +53,7 @@ def save_token_freq(path: Path, freq: dict[int, int]) -> None:
 def target_vocab_size(config: dict | None, tokenizer_len: int) -> int:
     """The target's embedding rows (config.vocab_size, or its text_config's), as speculators
     reads it; the tokenizer length when there is no config."""
-    cfg = config or {}
-    v = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    v = text_value(config, "vocab_size")
     return int(v) if v else int(tokenizer_len)
 
 

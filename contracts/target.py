@@ -1,0 +1,67 @@
+"""What a target's config means, for the API and every stage alike (STYLE 13: one home).
+
+- `text_config`: the language model's config (multimodal checkpoints nest it);
+  `text_value`: one key of it, found at whichever level the checkpoint keeps it.
+- `layer_ids_problem`: the one validity rule of aux layer ids. Layer ids follow speculators
+  and vLLM (`eagle_aux_hidden_state_layer_ids`): id i is the residual stream entering decoder
+  layer i (0 is the embeddings); id N (N = num_hidden_layers) is the input of the final norm,
+  always stored last by extract and read last by train and evaluate, so an aux list names
+  distinct ids in [0, N-1]. Without N (a submitted job, before any target is resolved) the
+  part that needs no target is checked: non-empty, distinct, >= 0.
+
+Pure: the standard library only, so `app/` may use it without loading the pipeline core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config (multimodal checkpoints nest it under `text_config`)."""
+    inner = config.get("text_config")
+    return inner if isinstance(inner, dict) and "num_hidden_layers" in inner else config
+
+
+def text_value(config: dict[str, Any] | None, key: str) -> Any:
+    """`key` of the language model's config, else of the other level (checkpoints differ
+    in where they keep `vocab_size` or `max_position_embeddings`); None when neither has it."""
+    cfg = config or {}
+    inner = cfg.get("text_config")
+    for c in (text_config(cfg), cfg, inner if isinstance(inner, dict) else {}):
+        if c.get(key) is not None:
+            return c[key]
+    return None
+
+
+@dataclass(frozen=True)
+class LayerIdsProblem:
+    message: str                          # names the field as the caller spells it
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def layer_ids_problem(layer_ids: Any, num_layers: int | None = None,
+                      field: str = "layer_ids") -> LayerIdsProblem | None:
+    """Why `layer_ids` are not valid aux layer ids for a target of `num_layers` decoder
+    layers (None: for any target), or None when they are."""
+    n = num_layers
+    valid = f"[0, {n - 1}]" if n is not None else "[0, N-1]"
+    rng = {"valid_range": [0, n - 1]} if n is not None else {}
+    if not isinstance(layer_ids, (list, tuple)) or not layer_ids:
+        return LayerIdsProblem(f"{field} must list at least one aux layer in {valid}"
+                               + (f" (the target has {n} layers)" if n is not None else ""),
+                               {"field": field, **rng})
+    bad = [i for i in layer_ids if not isinstance(i, int) or isinstance(i, bool) or i < 0
+           or (n is not None and i >= n)]
+    if bad:
+        hint = (f"; layer {n} (the input of the final norm) is always stored last, do not "
+                f"list it") if n is not None and n in bad else ""
+        target = f" for a target with {n} layers" if n is not None else ""
+        return LayerIdsProblem(f"{field} {bad} out of range: valid aux layer ids are "
+                               f"{valid}{target}{hint}",
+                               {"field": field, "invalid": bad, **rng})
+    if len(set(layer_ids)) != len(layer_ids):
+        return LayerIdsProblem(f"{field} must be distinct, got {list(layer_ids)}",
+                               {"field": field})
+    return None
