@@ -101,10 +101,11 @@ def interleaved(base: Path, inputs, kind: str, steps: int, seq: int,
     from workers.stages.common import StageContext
     from workers.stages.train import loop
     from workers.stages.train.job import resolve_job
-    from workers.stages.train.params import parse_params
+    from workers.stages.kernel import parse_params
+    from workers.stages.train.params import TrainParams
 
     spec = job_spec(base, inputs, kind, steps, seq)
-    job = resolve_job(spec, parse_params(spec["params"]), "offline", cuda=False)
+    job = resolve_job(spec, parse_params(TrainParams, spec["params"]), "offline", cuda=False)
     bare = Bare(inputs, kind, seq, steps)
     bare_times: list[float] = []
 

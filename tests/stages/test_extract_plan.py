@@ -3,19 +3,24 @@ params, and the writer's resume scan."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from workers.stages.common import StageError
 from workers.stages.extract.batching import plan_batches, shard_batches
 from workers.stages.extract.layers import default_layer_ids, is_hybrid, resolve_layers
-from workers.stages.extract.params import parse_params
+from workers.stages.extract.params import ExtractParams
 from workers.stages.extract.planner import (
     check_disk,
     disk_check,
     estimate_hidden_state_bytes,
 )
 
+from workers.stages.kernel import parse_params as _parse
+
 QWEN3_8B = {"num_hidden_layers": 36, "hidden_size": 4096}
+parse_params = partial(_parse, ExtractParams)
 
 
 def test_layer_defaults_match_speculators_conventions():
@@ -129,7 +134,7 @@ def test_params_refuse_unknown_and_bad_fields():
 def test_writer_scan_keeps_good_files_only(tmp_path):
     torch = pytest.importorskip("torch")
     from workers.stages.extract.writer import (
-        clean_temp_files,
+        samples,
         scan_finished,
         write_sample,
     )
@@ -138,7 +143,7 @@ def test_writer_scan_keeps_good_files_only(tmp_path):
         write_sample(tmp_path, i, torch.zeros(n, 2, 8, dtype=torch.bfloat16),
                      torch.arange(n, dtype=torch.int32))
     (tmp_path / ".hs_7.safetensors.tmp9.1").write_bytes(b"x")
-    assert clean_temp_files(tmp_path) == 1
+    assert samples(tmp_path).clean_temp() == 1
     (tmp_path / "hs_2.safetensors").write_bytes(b"\x00" * 16)           # truncated
     good, bad = scan_finished(tmp_path, {0: 3, 1: 6}, 2, 8, "bfloat16", delete_bad=False)
     assert good == {0}

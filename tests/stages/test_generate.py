@@ -267,7 +267,8 @@ def test_invalid_params_and_inputs(tiny_target, tmp_path):
     spec["inputs"]["dataset"] = {"path": str(tmp_path / "nowhere")}
     with pytest.raises(StageError) as e:
         run_stage(spec)
-    assert e.value.code == "invalid_inputs"
+    assert e.value.code == "invalid_input"
+    assert e.value.details["errors"][0]["field"] == "inputs.dataset.path"
 
 
 def test_qwen36_hybrid_target_thinking_template(tiny_target_q35, tmp_path):

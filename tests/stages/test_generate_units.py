@@ -3,14 +3,19 @@ split, params, stop truncation, the shard store."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from workers.stages.common import StageError
 from workers.stages.generate.backends.base import truncate_at_stop
-from workers.stages.generate.params import parse_params
+from workers.stages.generate.params import GenerateParams
 from workers.stages.generate.plan import RecordJob, answer_positions, turn_seed
 from workers.stages.generate.render import opens_think, split_reasoning
 from workers.stages.generate.shards import ShardStore, assemble, shard_row
+from workers.stages.kernel import parse_params as _parse
+
+parse_params = partial(_parse, GenerateParams)
 
 U = {"role": "user", "content": "q"}
 A = {"role": "assistant", "content": "a"}

@@ -140,7 +140,7 @@ def test_invalid_params_name_the_field(tmp_path, params, field):
     with pytest.raises(StageError) as e:
         run_ingest(tmp_path, src, **params)
     assert e.value.code == "invalid_params" and e.value.message.startswith(field)
-    assert e.value.details == {"param": field}
+    assert e.value.details["errors"][0]["field"] == field
 
 
 def test_small_batches_give_the_same_dataset(tmp_path, bad_file):

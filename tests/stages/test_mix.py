@@ -162,12 +162,12 @@ def test_mix_of_ingested_fixtures(tmp_path, datasets_dir):
 
 
 @pytest.mark.parametrize("sources, params, code, field", [
-    ([{"path": "X", "weight": -1}], {}, "invalid_params", "inputs.sources[0].weight"),
-    ([], {}, "invalid_params", "inputs.sources"),
-    ([{"path": "/nonexistent/ds"}], {}, "invalid_input", "inputs.sources[0].path"),
+    ([{"path": "X", "weight": -1}], {}, "invalid_input", "inputs.sources.0.weight"),
+    ([], {}, "invalid_input", "inputs.sources"),
+    ([{"path": "/nonexistent/ds"}], {}, "invalid_input", "inputs.sources.0.path"),
     ([{"path": "X"}], {"seed": "abc"}, "invalid_params", "params.seed"),
     ([{"path": "X"}], {"seed": -1}, "invalid_params", "params.seed"),
-    ([{"path": "X", "weight": float("inf")}], {}, "invalid_params", "inputs.sources[0].weight"),
+    ([{"path": "X", "weight": float("inf")}], {}, "invalid_input", "inputs.sources.0.weight"),
     ([{"path": "X"}], {"max_records": 0}, "invalid_params", "params.max_records"),
     ([{"path": "X"}], {"shuffle": True}, "invalid_params", "params.shuffle"),
 ])
@@ -175,4 +175,5 @@ def test_invalid_inputs(tmp_path, three, sources, params, code, field):
     sources = [{**s, "path": str(three["A"]) if s["path"] == "X" else s["path"]} for s in sources]
     with pytest.raises(StageError) as e:
         run_mix(tmp_path, sources, **params)
-    assert e.value.code == code and e.value.details == {"param": field}
+    assert e.value.code == code and e.value.message.startswith(field)
+    assert e.value.details["errors"][0]["field"] == field

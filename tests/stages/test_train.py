@@ -28,7 +28,8 @@ def test_dflash_trains_and_saves_a_reloadable_drafter(train_data, tmp_path):
 
     from workers.stages.train import build
     from workers.stages.train.job import resolve_job
-    from workers.stages.train.params import parse_params
+    from workers.stages.kernel import parse_params
+    from workers.stages.train.params import TrainParams
 
     target, tok, hs = train_data
     spec = ts.train_spec(tmp_path, target, tok, hs, ts.dflash_params(max_steps=30))
@@ -67,7 +68,7 @@ def test_dflash_trains_and_saves_a_reloadable_drafter(train_data, tmp_path):
     loaded = SpeculatorModel.from_pretrained(str(drafter_dir))
     assert type(loaded).__name__ == "DFlashDraftModel"
     # The same construction the stage starts from (same seed) gives the initial weights.
-    job = resolve_job(spec, parse_params(spec["params"]), "offline", cuda=False)
+    job = resolve_job(spec, parse_params(TrainParams, spec["params"]), "offline", cuda=False)
     torch.manual_seed(0)
     initial = build.build_model(job)
     trained_sd, initial_sd = loaded.state_dict(), initial.state_dict()

@@ -8,6 +8,7 @@ import os
 import shlex
 import signal
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,10 @@ import torch
 from workers.stages.common import StageError
 from workers.stages.train import build, launch
 from workers.stages.train.job import resolve_job
-from workers.stages.train.params import parse_params
+from workers.stages.kernel import parse_params as _parse
+from workers.stages.train.params import TrainParams
+
+parse_params = partial(_parse, TrainParams)
 
 CONFIG = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 8,
           "hidden_size": 64, "vocab_size": 151669, "dtype": "float32"}
@@ -46,7 +50,7 @@ def test_params_name_the_bad_field():
         {"drafter": {"type": "dflash"}, "loss": "kl_div", "position_weighting": "dpace"}).message
     assert "distinct" in _invalid(
         {"drafter": {"type": "dflash", "target_layer_ids": [2, 2]}}).message
-    assert e.details and e.details[0]["field"].startswith("drafter")
+    assert e.details["errors"][0]["field"].startswith("params.drafter")
 
 
 def test_param_defaults_follow_speculators():

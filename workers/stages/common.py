@@ -15,7 +15,8 @@ It reports through `ctx`, which appends one JSON object per line to `spec["event
     {"kind": "error",    "data": {"code", "message", "details"}}
 
 A typed failure raises `StageError(code, message)`; the runner turns it into an `error` event
-and exit status 2. Anything else is a crash (exit 1) and the supervisor reports the log tail.
+and exit status 2; bad params and inputs take one shape in every stage (`kernel.py`).
+Anything else is a crash (exit 1) and the supervisor reports the log tail.
 
 This module imports nothing heavy and nothing from app/, SQLAlchemy, Celery or HTTP.
 """
@@ -25,7 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,16 +111,33 @@ def template_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON so a reader never sees half a file (tmp + fsync + rename)."""
+def atomic_write(path: Path | str, write: Callable[[Path], Any], fsync: bool = False) -> Path:
+    """Create `path` whole or not at all: `write(tmp)` fills `.<name>.tmp<pid>.<thread>` beside
+    it, which is renamed over `path`, so a reader (or a resumed attempt) never sees half a
+    file; a kill leaves only the dot-prefixed temp file. `fsync` before the rename when a
+    machine crash must not leave a renamed but empty file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=1, ensure_ascii=False)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
+    try:
+        write(tmp)
+        if fsync:
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON so a reader never sees half a file (tmp + fsync + rename)."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, indent=1, ensure_ascii=False)
+
+    atomic_write(path, write, fsync=True)
 
 
 def check_roots(spec: dict) -> None:

@@ -40,10 +40,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.mix import MixParams
-from workers.stages.common import StageContext, StageError, write_json_atomic
+from workers.stages.common import StageContext
+from workers.stages.kernel import input_error, parse_input, parse_params, publish
 from workers.stages.ingest.stats import DatasetStats
 from workers.stages.records import DATA_FILE, SCHEMA, DatasetWriter
 
@@ -61,29 +62,16 @@ class MixSource(BaseModel):
 
 
 def _validate(spec: dict) -> tuple[MixParams, list[MixSource]]:
-    try:
-        params = MixParams.model_validate(spec.get("params") or {})
-    except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(x) for x in err["loc"])
-        raise StageError("invalid_params", f"params.{field}: {err['msg']}",
-                         {"param": f"params.{field}"}) from None
+    params = parse_params(MixParams, spec.get("params"))
     raw = (spec.get("inputs") or {}).get("sources")
     if not isinstance(raw, list) or not raw:
-        raise StageError("invalid_params", "inputs.sources must be a non-empty list",
-                         {"param": "inputs.sources"})
+        raise input_error("inputs.sources", "must be a non-empty list")
     sources = []
     for i, s in enumerate(raw):
-        try:
-            sources.append(MixSource.model_validate(s))
-        except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(x) for x in err["loc"])
-            raise StageError("invalid_params", f"inputs.sources[{i}].{field}: {err['msg']}",
-                             {"param": f"inputs.sources[{i}].{field}"}) from None
+        sources.append(parse_input(MixSource, s, f"inputs.sources.{i}"))
         if not (Path(sources[-1].path) / DATA_FILE).is_file():
-            raise StageError("invalid_input", f"inputs.sources[{i}]: no dataset at {sources[-1].path} "
-                             f"(missing {DATA_FILE})", {"param": f"inputs.sources[{i}].path"})
+            raise input_error(f"inputs.sources.{i}.path", f"no dataset at {sources[-1].path} "
+                              f"(missing {DATA_FILE})")
     return params, sources
 
 
@@ -248,8 +236,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
     meta = {"format": "mix", "num_records": total, "num_rejected": 0, "rejected_sample": [],
             "sources": lineage, "dedupe": params.dedupe, "seed": params.seed,
             "max_records": params.max_records, "stats": stats.result()}
-    write_json_atomic(out / "meta.json", meta)
-    ctx.artifact("dataset", "dataset", out, meta)
+    publish(ctx, out, "dataset", "dataset", meta)
     return {"num_records": total, "sources": len(sources),
             "duplicates_dropped": sum(x["duplicates_dropped"] for x in lineage),
             "seconds": round(time.monotonic() - t0, 3)}

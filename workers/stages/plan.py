@@ -20,17 +20,16 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from contracts import STAGE_PARAMS
 from contracts.run import RunSpec, RunSpecError
+from contracts.target import text_value
 from workers.stages.common import StageContext, StageError
 from workers.stages.extract.layers import hidden_size, num_hidden_layers, resolve_layers
-from workers.stages.extract.params import parse_params as extract_p
 from workers.stages.extract.planner import disk_check, estimate_hidden_state_bytes, human_bytes
-from workers.stages.generate.params import parse_params as generate_p
+from workers.stages.failures import source_line
+from workers.stages.kernel import parse_params
 from workers.stages.prepare import resolve_setup
 from workers.stages.prepare.masks import RecordRejected, build_masker
-from workers.stages.prepare.params import parse_params as prepare_p
-from workers.stages.train.params import parse_params as train_p
-from workers.stages.failures import source_line
 from workers.stages.records import count_records, iter_records
 
 # Stands in for the target's answer when the run regenerates answers: the dry run checks that
@@ -71,16 +70,11 @@ def _expand(plan: Plan, run: dict) -> dict[str, dict]:
 
 
 def _params(plan: Plan, chain: dict[str, dict]) -> dict:
-    """Validate every job's params with the stage's own parser."""
-    parsers = {"generate": generate_p, "prepare": prepare_p, "extract": extract_p,
-               "train": train_p}
+    """Validate every job's params as the stage will (the one parser, the stage's model)."""
     parsed: dict[str, Any] = {}
     for name, raw in chain.items():
-        parse = parsers.get(name)
-        if parse is None:
-            continue
         try:
-            parsed[name] = parse(raw)
+            parsed[name] = parse_params(STAGE_PARAMS[name], raw)
             plan.check(f"{name}_params", True, f"{name} params are valid")
         except StageError as e:
             plan.check(f"{name}_params", False, f"{name}: {e.message}")
@@ -109,7 +103,7 @@ def _layers_and_drafter(plan: Plan, chain: dict[str, dict], target: dict,
     except StageError as e:
         plan.check("layer_ids", False, e.message)
         lp = None
-    vocab = (cfg.get("text_config") or cfg).get("vocab_size")
+    vocab = text_value(cfg, "vocab_size")
     dv = drafter.get("draft_vocab_size")
     if dv and vocab and dv > vocab:
         plan.check("drafter_params", False, f"draft_vocab_size {dv} exceeds the target's "

@@ -97,12 +97,13 @@ def test_vllm_cpu_hidden_states_connector_fails_as_the_refusal_says(vllm_train_d
     from workers.stages.extract.backends import ExtractJob, open_rows, read_input_ids
     from workers.stages.extract.backends.vllm import extract
     from workers.stages.extract.layers import LayerPlan
-    from workers.stages.extract.params import parse_params
+    from workers.stages.extract.params import ExtractParams
+    from workers.stages.kernel import parse_params
     from workers.stages.generate.backends.vllm_server import failure_reason
     from procgroup import group_alive
 
     spec = _spec(vllm_train_data, tmp_path)
-    p = parse_params(spec["params"])
+    p = parse_params(ExtractParams, spec["params"])
     cfg = spec["inputs"]["target"]["config"]
     work = Path(spec["work_dir"])
     job = ExtractJob(tokenized_path=spec["inputs"]["tokenized"]["path"],

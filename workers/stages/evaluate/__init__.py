@@ -22,14 +22,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from workers.stages.common import StageContext, StageError
+from workers.stages.common import StageContext, StageError, template_sha256
 from workers.stages.evaluate.drafter import check_fit, read_drafter
-from workers.stages.evaluate.params import (
-    parse_params,
-    require_input,
-    template_mismatch,
-    template_sha256,
-)
+from workers.stages.evaluate.params import EvalParams, template_mismatch
+from workers.stages.kernel import input_error, parse_params, require_input
 from workers.stages.evaluate.verdict import verdict
 
 __all__ = ["run"]
@@ -37,17 +33,16 @@ __all__ = ["run"]
 
 def run(spec: dict, ctx: StageContext) -> dict:
     t_start = time.monotonic()
-    p = parse_params(spec.get("params"))
-    inputs = spec.get("inputs") or {}
-    target = require_input(inputs, "target", ("path", "config"))
-    data = require_input(inputs, "data", ("path", "kind"))
+    p = parse_params(EvalParams, spec.get("params"))
+    target = require_input(spec, "target", ("path", "config"))
+    data = require_input(spec, "data", ("path", "kind"))
     if data["kind"] not in ("tokenized", "dataset"):
-        raise StageError("invalid_input", f"input 'data' kind must be 'tokenized' or 'dataset', "
-                         f"got {data['kind']!r}")
-    drafter_spec = read_drafter(require_input(inputs, "drafter")["path"])
+        raise input_error("inputs.data.kind", f"must be 'tokenized' or 'dataset', "
+                          f"got {data['kind']!r}")
+    drafter_spec = read_drafter(require_input(spec, "drafter")["path"])
     check_fit(drafter_spec, target["config"])
-    base_in = inputs.get("baseline_drafter")
-    base_spec = read_drafter(require_input(inputs, "baseline_drafter")["path"]) if base_in else None
+    base_in = (spec.get("inputs") or {}).get("baseline_drafter")
+    base_spec = read_drafter(require_input(spec, "baseline_drafter")["path"]) if base_in else None
     if base_spec is not None:
         check_fit(base_spec, target["config"], label="baseline drafter")
     if "vllm" in p.measures:
@@ -64,7 +59,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
     template = p.chat_template or target.get("chat_template") or (
         tok.chat_template if isinstance(tok.chat_template, str) else None)
     kwargs = {**(target.get("chat_template_kwargs") or {}), **p.chat_template_kwargs}
-    sha = template_sha256(template)
+    sha = template_sha256(template) if template else None
     why = template_mismatch(data.get("meta") or {}, kwargs, sha)
     if why and not p.allow_template_mismatch:
         raise StageError("template_mismatch", f"held-out data was made with another chat "

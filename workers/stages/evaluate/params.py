@@ -2,42 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-
-from pydantic import ValidationError
 
 from contracts.evaluate import (  # noqa: F401  the models live in contracts/ (the API validates with them too)
     EvalParams,
     Measure,
 )
-from workers.stages.common import StageError
-
-
-def parse_params(raw: dict | None) -> EvalParams:
-    try:
-        return EvalParams(**(raw or {}))
-    except ValidationError as e:
-        errs = e.errors()
-        fields = ", ".join(".".join(str(x) for x in err["loc"]) or "params" for err in errs)
-        msg = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in errs)
-        raise StageError("invalid_params", f"invalid evaluate params ({fields}): {msg}",
-                         {"errors": [{"loc": list(err["loc"]), "msg": err["msg"]}
-                                     for err in errs]}) from None
-
-
-def require_input(inputs: dict, name: str, keys: tuple[str, ...] = ("path",)) -> dict:
-    val = inputs.get(name)
-    if not isinstance(val, dict):
-        raise StageError("invalid_input", f"evaluate needs input {name!r}")
-    for k in keys:
-        if not val.get(k):
-            raise StageError("invalid_input", f"input {name!r} lacks {k!r}")
-    return val
-
-
-def template_sha256(text: str | None) -> str | None:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest() if text else None
 
 
 def _generation_meta(meta: dict) -> tuple[dict | None, str | None]:

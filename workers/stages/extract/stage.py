@@ -1,55 +1,37 @@
 """The extract stage: plan, refuse early or resume, run a backend, publish the folder.
 
 Order matters: everything up to the disk check only reads, so a refused run writes
-nothing. Samples are written into `work_dir/hidden_states/` (which survives a retry of the
-same job: finished files are kept, temp files of a killed attempt are dropped) and the
-finished folder is renamed to `out_dir/hidden_states/` and declared as the artifact.
+nothing. Samples are written into `work_dir/hidden_states/`, a `kernel.ShardSet` (which
+survives a retry of the same job: finished files are kept, temp files of a killed attempt
+are dropped) and the finished folder is published as `out_dir/hidden_states/`.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from workers.stages.common import StageContext, StageError, write_json_atomic
+from workers.stages.common import StageContext, StageError
 from workers.stages.extract.backends import ExtractJob, get_backend
 from workers.stages.extract.layers import LayerPlan, is_hybrid, resolve_layers
-from workers.stages.extract.params import ExtractParams, parse_params
+from workers.stages.extract.params import ExtractParams
 from workers.stages.extract.planner import check_disk, estimate_hidden_state_bytes
-from workers.stages.extract.writer import (
-    clean_temp_files,
-    existing_indices,
-    folder_bytes,
-    scan_finished,
-    write_sample,
-)
+from workers.stages.extract.writer import folder_bytes, samples, scan_finished, write_sample
+from workers.stages.kernel import parse_params, publish, require_input, target_config
 
 # Bumped when the files written for the same inputs and params change; a scratch folder of
 # another version is not resumed.
 EXTRACT_VERSION = 1
 ARTIFACT_DIR = "hidden_states"
-STATE_FILE = "extract_state.json"
 
 
 def _inputs(spec: dict) -> tuple[dict, dict, dict]:
-    inputs = spec.get("inputs") or {}
-    tok, target = inputs.get("tokenized"), inputs.get("target")
-    if not isinstance(tok, dict) or not tok.get("path"):
-        raise StageError("invalid_input", "inputs.tokenized.path is required (a tokenized set)")
-    if not isinstance(target, dict) or not target.get("path"):
-        raise StageError("invalid_input", "inputs.target.path is required (a resolved target)")
-    config = target.get("config")
-    if not config:
-        cfg_path = Path(target["path"]) / "config.json"
-        if not cfg_path.is_file():
-            raise StageError("invalid_input", f"target has no config and {cfg_path} is missing")
-        config = json.loads(cfg_path.read_text())
-    return tok, target, config
+    tok = require_input(spec, "tokenized", what="a tokenized set")
+    target = require_input(spec, "target", what="a resolved target")
+    return tok, target, target_config(target)
 
 
 def _seq_lens(tokenized_path: str, max_samples: int | None) -> list[int]:
@@ -104,23 +86,18 @@ def _same_device(a: Path, b: Path) -> bool:
 
 
 def run(spec: dict, ctx: StageContext) -> dict:
-    p = parse_params(spec.get("params"))
+    p = parse_params(ExtractParams, spec.get("params"))
     tok, target, config = _inputs(spec)
     plan = resolve_layers(config, p.drafter_type, p.layer_ids)
     lens = _seq_lens(str(tok["path"]), p.max_samples)
     lengths = dict(enumerate(lens))
-    folder = ctx.work_dir / ARTIFACT_DIR
-    final = ctx.out_dir / ARTIFACT_DIR
-    state_path = ctx.work_dir / STATE_FILE
+    shards = samples(ctx.work_dir / ARTIFACT_DIR)
+    folder = shards.folder
     fingerprint = _fingerprint(tok, target, plan, p.dtype)
-    stale = state_path.is_file() and json.loads(state_path.read_text()) != fingerprint
+    stale = shards.stale(fingerprint)
 
     # Read-only until the disk check: which finished samples can a retry keep?
-    recovered = False
-    if not stale and not folder.exists() and final.is_dir():
-        # A previous attempt died after publishing the folder but before declaring it.
-        os.replace(final, folder)
-        recovered = True
+    recovered = not stale and shards.recover(ctx.out_dir / ARTIFACT_DIR)
     good: set[int] = set()
     bad: dict[int, str] = {}
     if not stale:
@@ -148,13 +125,10 @@ def run(spec: dict, ctx: StageContext) -> dict:
     # From here on the stage writes.
     if stale:
         ctx.warning("scratch hidden states were made with other inputs or params; "
-                    "starting over", previous=json.loads(state_path.read_text()))
-        shutil.rmtree(folder, ignore_errors=True)
-    write_json_atomic(state_path, fingerprint)
-    folder.mkdir(parents=True, exist_ok=True)
-    clean_temp_files(folder)
+                    "starting over", previous=shards.previous())
+    shards.open(fingerprint)
     for i in bad:
-        (folder / f"hs_{i}.safetensors").unlink(missing_ok=True)
+        shards.path(i).unlink(missing_ok=True)
     if bad:
         ctx.warning(f"redoing {len(bad)} unusable or unselected scratch file(s)",
                     examples={str(k): v for k, v in list(bad.items())[:5]})
@@ -166,7 +140,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
                      done0=len(good), tokens0=total_tokens - todo_tokens, total=len(lens),
                      total_tokens=total_tokens)
 
-    have = existing_indices(folder)
+    have = set(shards.done())
     missing = sorted(set(lengths) - have)
     if missing:
         raise StageError("incomplete", f"{len(missing)} samples have no hidden states after "
@@ -183,14 +157,8 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "target_path": str(target["path"]), "tokenized_artifact": str(tok["path"]),
         "file_pattern": "hs_{idx}.safetensors", "backend": backend, "batch_mode": batch_mode,
     }
-    write_json_atomic(folder / "meta.json", meta)
-    if final.exists():
-        shutil.rmtree(final)
-    try:
-        os.replace(folder, final)
-    except OSError:  # another filesystem: copy (checked above), then drop the scratch copy
-        shutil.move(str(folder), str(final))
-    ctx.artifact("hidden_states", "hidden_states", final, meta)
+    # On another filesystem publishing copies (its space was checked above).
+    publish(ctx, folder, ARTIFACT_DIR, "hidden_states", meta)
     return {"samples": len(lens), "tokens": total_tokens, "resumed_samples": len(good),
             "extracted_samples": len(todo), "bytes": data_bytes,
             "theoretical_min_bytes": theoretical,

@@ -9,30 +9,33 @@ data set; hs_connectors' `FileTransfer.get_cached(idx)` opens exactly this name)
 with no padding. speculators' `ArrowDataset` splits `hidden_states[:, :-1]` (aux, flattened
 to [seq, aux * hidden]) from `hidden_states[:, -1]` (`verifier_last_hidden_states`).
 
-Each file is written to a dot-prefixed temp name and renamed, so a file under its final
-name is always complete: a stage killed mid-write leaves only a temp file, which the next
-attempt deletes. There is no per-file fsync (it would cost a disk flush per sample); the
-resume scan re-validates headers and shapes instead, which also catches a file truncated
-by a crash of the whole machine.
+The files are the pieces of a `kernel.ShardSet` (`samples(folder)`): each is written to a
+dot-prefixed temp name and renamed, so a file under its final name is always complete: a
+stage killed mid-write leaves only a temp file, which the next attempt deletes. There is
+no per-file fsync (it would cost a disk flush per sample); the resume scan re-validates
+headers and shapes instead, which also catches a file truncated by a crash of the whole
+machine.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-FILE_RE = re.compile(r"^hs_(\d+)\.safetensors$")
-TMP_RE = re.compile(r"^\.hs_\d+\.safetensors\.tmp")
+from workers.stages.kernel import ShardSet
+
 SAFETENSORS_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+# Beside the scratch folder: what its files were made from (inputs, layers, dtype).
+STATE_FILE = "extract_state.json"
 
 
-def sample_path(folder: Path, idx: int) -> Path:
-    return Path(folder) / f"hs_{idx}.safetensors"
+def samples(folder: Path | str) -> ShardSet:
+    """The `hs_<row>.safetensors` files of a scratch folder, keyed by row index."""
+    folder = Path(folder)
+    return ShardSet(folder, folder.parent / STATE_FILE, "hs_", ".safetensors")
 
 
 def torch_dtype(name: str) -> Any:
@@ -54,11 +57,9 @@ def write_sample(folder: Path, idx: int, hidden_states: Any, token_ids: Any) -> 
             or hidden_states.shape[0] != token_ids.shape[0]:
         raise ValueError(f"sample {idx}: hidden_states {tuple(hidden_states.shape)} and "
                          f"token_ids {tuple(token_ids.shape)} do not match")
-    final = sample_path(folder, idx)
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}.{threading.get_ident()}")
-    save_file({"hidden_states": hidden_states.contiguous(),
-               "token_ids": token_ids.to(torch.int64).contiguous()}, str(tmp))
-    os.replace(tmp, final)
+    tensors = {"hidden_states": hidden_states.contiguous(),
+               "token_ids": token_ids.to(torch.int64).contiguous()}
+    final = samples(folder).commit(idx, lambda tmp: save_file(tensors, str(tmp)))
     return final.stat().st_size
 
 
@@ -99,27 +100,6 @@ class AsyncWriter:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def clean_temp_files(folder: Path) -> int:
-    """Delete temp files left by a killed attempt; returns how many."""
-    n = 0
-    if Path(folder).is_dir():
-        for e in os.scandir(folder):
-            if TMP_RE.match(e.name):
-                os.unlink(e.path)
-                n += 1
-    return n
-
-
-def existing_indices(folder: Path) -> set[int]:
-    out: set[int] = set()
-    if Path(folder).is_dir():
-        for e in os.scandir(folder):
-            m = FILE_RE.match(e.name)
-            if m:
-                out.add(int(m.group(1)))
-    return out
-
-
 def check_sample_file(path: Path, seq_len: int, num_layers: int, hidden: int,
                       dtype: str) -> str | None:
     """None when the file's header says exactly what this run would write, else why not.
@@ -153,8 +133,7 @@ def scan_finished(folder: Path, seq_lens: dict[int, int], num_layers: int, hidde
     """
     good: set[int] = set()
     bad: dict[int, str] = {}
-    for idx in sorted(existing_indices(folder)):
-        path = sample_path(folder, idx)
+    for idx, path in samples(folder).done().items():
         if idx not in seq_lens:
             reason: str | None = "not selected by this run"
         else:
@@ -170,9 +149,5 @@ def scan_finished(folder: Path, seq_lens: dict[int, int], num_layers: int, hidde
 
 def folder_bytes(folder: Path) -> tuple[int, int]:
     """(total bytes, number of hs_ files) of a finished folder."""
-    total = files = 0
-    for e in os.scandir(folder):
-        if e.is_file():
-            total += e.stat().st_size
-            files += bool(FILE_RE.match(e.name))
-    return total, files
+    total = sum(e.stat().st_size for e in os.scandir(folder) if e.is_file())
+    return total, len(samples(folder).done())

@@ -1,8 +1,9 @@
 """Resumable output of the generate stage.
 
 Finished records (answered or failed) are written to `work_dir/generate/shards/` in parquet
-shards keyed by record id, each renamed into place when complete, so a killed attempt leaves
-only whole shards. A restart reads the ids of the shards and skips them. The artifact is
+shards keyed by record id, the pieces of a `kernel.ShardSet`: each renamed into place when
+complete, so a killed attempt leaves only whole shards. A restart reads the ids of the
+shards and skips them. The artifact is
 assembled from the shards at the end: `data.parquet` (records.py layout) and
 `token_ids.parquet`; the stage's FailureLog (failures.py) lists the failed records.
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from workers.stages.common import write_json_atomic
+from workers.stages.kernel import ShardSet
 from workers.stages.records import MESSAGE_TYPE, DatasetWriter, from_row, to_row
 
 TURN_TYPE = pa.struct([
@@ -58,28 +58,19 @@ def fingerprint_of(obj: dict) -> str:
 
 
 class ShardStore:
+    """Record shards `shard-<seq>.parquet` in sequence order, over one `ShardSet`."""
+
     def __init__(self, root: Path | str):
         self.root = Path(root)
         self.dir = self.root / "shards"
+        self.pieces = ShardSet(self.dir, self.root / "fingerprint.json", "shard-", ".parquet")
 
     def open(self, fingerprint: str) -> bool:
         """Prepare the store for this fingerprint; False when old shards were discarded."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for p in self.dir.glob(".*.tmp*"):
-            p.unlink()  # half-written by a killed attempt
-        fp_path = self.root / "fingerprint.json"
-        kept = True
-        if fp_path.exists():
-            old = json.loads(fp_path.read_text()).get("fingerprint")
-            if old != fingerprint:
-                for p in self.shards():
-                    p.unlink()
-                kept = False
-        write_json_atomic(fp_path, {"fingerprint": fingerprint})
-        return kept
+        return self.pieces.open({"fingerprint": fingerprint})
 
     def shards(self) -> list[Path]:
-        return sorted(self.dir.glob("shard-*.parquet"))
+        return list(self.pieces.done().values())
 
     def done(self) -> tuple[set[str], int]:
         """(ids of finished records, how many of them failed), from the shards' small columns."""
@@ -97,15 +88,11 @@ class ShardStore:
         """Atomically add one shard (rows as `shard_row` gives them)."""
         if not rows:
             return None
-        existing = self.shards()
-        seq = int(existing[-1].stem.split("-")[1]) + 1 if existing else 0
-        path = self.dir / f"shard-{seq:06d}.parquet"
-        tmp = self.dir / f".{path.name}.tmp{os.getpid()}"
-        pq.write_table(pa.Table.from_pylist(rows, schema=SHARD_SCHEMA), tmp, compression="zstd")
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        return path
+        seq = max(self.pieces.done(), default=-1) + 1
+        table = pa.Table.from_pylist(rows, schema=SHARD_SCHEMA)
+        return self.pieces.commit(
+            seq, lambda tmp: pq.write_table(table, tmp, compression="zstd"), width=6,
+            fsync=True)
 
     def failed_rows(self) -> Iterator[dict]:
         """{"id", "source", "failure", "failure_detail"} of the failed records in the shards

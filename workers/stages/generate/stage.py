@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from workers.stages.common import StageContext, StageError, write_json_atomic
+from contracts.target import text_value
+from workers.stages.common import StageContext, StageError
 from workers.stages.failures import FailureLog
 from workers.stages.generate.backends.base import GenerateBackend, SamplingConfig
-from workers.stages.generate.params import GenerateParams, parse_params
+from workers.stages.generate.params import GenerateParams
 from workers.stages.generate.render import PromptRenderer
 from workers.stages.generate.runner import Runner, RunState, check_failure_budget
 from workers.stages.generate.shards import (
@@ -34,6 +35,7 @@ from workers.stages.generate.shards import (
     assemble,
     fingerprint_of,
 )
+from workers.stages.kernel import input_error, parse_params, publish, require_input
 from workers.stages.records import DATA_FILE, iter_records
 
 ARTIFACT = "dataset"
@@ -55,15 +57,10 @@ def resolve_backend(choice: str, vllm_executable: list[str] | None = None) -> st
 
 
 def _inputs(spec: dict) -> tuple[dict, dict]:
-    inputs = spec.get("inputs") or {}
-    ds, target = inputs.get("dataset"), inputs.get("target")
-    if not isinstance(ds, dict) or not ds.get("path"):
-        raise StageError("invalid_inputs", "inputs.dataset.path is required")
+    ds = require_input(spec, "dataset")
     if not (Path(ds["path"]) / DATA_FILE).is_file():
-        raise StageError("invalid_inputs", f"inputs.dataset: no {DATA_FILE} in {ds['path']}")
-    if not isinstance(target, dict) or not target.get("path"):
-        raise StageError("invalid_inputs", "inputs.target.path is required")
-    return ds, target
+        raise input_error("inputs.dataset.path", f"no {DATA_FILE} in {ds['path']}")
+    return ds, require_input(spec, "target")
 
 
 def _load_renderer(target: dict, p: GenerateParams) -> PromptRenderer:
@@ -101,11 +98,8 @@ def eos_token_ids(target: dict, tokenizer) -> tuple[int, ...]:
 
 
 def config_context_len(config: dict | None) -> int | None:
-    cfg = config or {}
-    for c in (cfg, cfg.get("text_config") or {}):
-        if isinstance(c.get("max_position_embeddings"), int):
-            return c["max_position_embeddings"]
-    return None
+    n = text_value(config, "max_position_embeddings")
+    return n if isinstance(n, int) else None
 
 
 def _input_ids(path: str) -> list[str]:
@@ -113,8 +107,8 @@ def _input_ids(path: str) -> list[str]:
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         dups = sorted({i for i in ids if i in seen or seen.add(i)})[:10]
-        raise StageError("invalid_inputs", "inputs.dataset has duplicate record ids, "
-                         "which resuming by id cannot handle", {"examples": dups})
+        raise input_error("inputs.dataset", "has duplicate record ids, which resuming by id "
+                          "cannot handle", examples=dups)
     return ids
 
 
@@ -142,7 +136,7 @@ def make_backend(name: str, target: dict, renderer: PromptRenderer, sampling: Sa
 
 def run(spec: dict, ctx: StageContext) -> dict:
     t_start = time.monotonic()
-    p = parse_params(spec.get("params"))
+    p = parse_params(GenerateParams, spec.get("params"))
     ds, target = _inputs(spec)
     renderer = _load_renderer(target, p)
     backend_name = resolve_backend(p.backend, p.vllm.executable)
@@ -196,12 +190,11 @@ def run(spec: dict, ctx: StageContext) -> dict:
     (folder / TEMPLATE_FILE).write_text(renderer.template, encoding="utf-8")
     meta = _meta(p, ds, target, renderer, backend_name, out, state, resumed, t_start)
     meta["failed_sample"] = failures.sample
-    write_json_atomic(folder / "meta.json", meta)
     check_failure_budget(failures, out.num_failed, total, p.max_failure_share)
     ctx.progress(total, total, "records", stage="generate", force=True)
     ctx.metric(total, tokens_generated=out.tokens_generated,
                tokens_per_s=meta["stats"]["tokens_per_s"])
-    ctx.artifact(ARTIFACT, "dataset", folder, meta)
+    publish(ctx, folder, ARTIFACT, "dataset", meta)
     return {"num_records": out.num_records, "num_failed": out.num_failed,
             "failed_by_reason": out.failed_by_reason, "failed_sample": failures.sample[:5],
             "tokens_generated": out.tokens_generated, "backend": backend_name,

@@ -30,15 +30,14 @@ from itertools import chain
 from pathlib import Path
 
 import orjson
-from pydantic import ValidationError
-
 from contracts.ingest import IngestParams
 from contracts.inputs import SourceFile
-from workers.stages.common import StageContext, StageError, write_json_atomic
+from workers.stages.common import StageContext, StageError
 from workers.stages.ingest.formats import FORMATS, NORMALIZERS, detect_one, shape_hint
 from workers.stages.ingest.messages import NoMatch, Reject
 from workers.stages.ingest.readers import Bad, ReaderError, Source
 from workers.stages.ingest.writer import ThreadedWriter
+from workers.stages.kernel import parse_input, parse_params, publish
 
 __all__ = ["run", "FORMATS"]
 
@@ -48,20 +47,8 @@ SAMPLE_REJECTS = 20
 PROGRESS_EVERY = 4096
 
 def _validate(spec: dict) -> tuple[IngestParams, SourceFile]:
-    try:
-        params = IngestParams.model_validate(spec.get("params") or {})
-    except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(x) for x in err["loc"])
-        raise StageError("invalid_params", f"params.{field}: {err['msg']}",
-                         {"param": f"params.{field}"}) from None
-    src = (spec.get("inputs") or {}).get("source")
-    try:
-        source = SourceFile.model_validate(src)
-    except ValidationError as e:
-        raise StageError("invalid_params", "inputs.source must be {\"path\": <file>, \"name\"?}: "
-                         f"{e.errors()[0]['msg']}", {"param": "inputs.source"}) from None
-    return params, source
+    return (parse_params(IngestParams, spec.get("params")),
+            parse_input(SourceFile, (spec.get("inputs") or {}).get("source"), "inputs.source"))
 
 
 class _Rejects:
@@ -195,12 +182,11 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "duplicate_ids": writer.unique.renamed,
         "stats": writer.stats.result(),
     }
-    write_json_atomic(out / "meta.json", meta)
     ctx.progress(source.total, source.total, source.unit, stage="ingest", force=True)
     if writer.unique.renamed:
         ctx.warning(f"{writer.unique.renamed} records repeat an earlier id; "
                     "they got `<id>#<line>` ids")
-    ctx.artifact("dataset", "dataset", out, meta)
+    publish(ctx, out, "dataset", "dataset", meta)
     mb = path.stat().st_size / 1e6
     return {"format": fmt, "num_records": writer.count, "num_rejected": rejects.count,
             "seconds": round(seconds, 3), "cpu_seconds": round(time.process_time() - cpu0, 3),

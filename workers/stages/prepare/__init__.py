@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workers.stages.common import StageContext, StageError, write_json_atomic
+from workers.stages.common import StageContext, StageError
 from workers.stages.failures import FailureLog
 from workers.stages.prepare.masks import (
     Masker,
@@ -36,7 +36,8 @@ from workers.stages.prepare.masks import (
     tokenize_batch,
     tokenize_record,
 )
-from workers.stages.prepare.params import PrepareParams, parse_params
+from workers.stages.kernel import input_error, parse_params, publish, require_input
+from workers.stages.prepare.params import PrepareParams
 from workers.stages.prepare.pool import ChunkResult, MaskerConfig, adopt_masker, run_chunks
 from workers.stages.prepare.spans import RecordRejected
 from workers.stages.prepare.templates import check_template, resolve_template_text, template_sha256
@@ -68,11 +69,12 @@ def resolve_setup(target: dict, params: PrepareParams):
     on a template that does not compile."""
     tok_path = target.get("tokenizer_path") or target.get("path")
     if not tok_path or not Path(tok_path).is_dir():
-        raise StageError("invalid_input", f"inputs.target.tokenizer_path is not a folder: {tok_path}")
+        raise input_error("inputs.target.tokenizer_path", f"is not a folder: {tok_path}")
     try:
         tokenizer = load_tokenizer(tok_path)
     except (OSError, ValueError) as e:
-        raise StageError("invalid_input", f"cannot load the tokenizer at {tok_path}: {e}") from None
+        raise input_error("inputs.target.tokenizer_path",
+                          f"cannot load the tokenizer at {tok_path}: {e}") from None
     text = resolve_template_text(tokenizer, params.chat_template or target.get("chat_template"))
     err = check_template(text)
     if err is not None:
@@ -116,15 +118,11 @@ def _chunks(folder: str, per_task: int, limit: int | None):
 
 def run(spec: dict, ctx: StageContext) -> dict:
     t_start = time.perf_counter()
-    params = parse_params(spec.get("params"))
-    inputs = spec.get("inputs") or {}
-    dataset, target = inputs.get("dataset"), inputs.get("target")
-    if not dataset or not dataset.get("path"):
-        raise StageError("invalid_input", "inputs.dataset.path is required")
-    if not target:
-        raise StageError("invalid_input", "inputs.target is required")
+    params = parse_params(PrepareParams, spec.get("params"))
+    dataset = require_input(spec, "dataset")
+    target = require_input(spec, "target", keys=())
     if not (Path(dataset["path"]) / "data.parquet").is_file():
-        raise StageError("invalid_input", f"no data.parquet in {dataset['path']}")
+        raise input_error("inputs.dataset.path", f"no data.parquet in {dataset['path']}")
 
     tokenizer, tok_path, text, kwargs = resolve_setup(target, params)
     sha = template_sha256(text)
@@ -248,8 +246,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "timings_s": {"setup": round(t_work - t_start, 3), "tokenize": round(t_write - t_work, 3),
                       "write": round(t_end - t_write, 3)},
     }
-    write_json_atomic(folder / "prepare_meta.json", meta)
-    ctx.artifact(ARTIFACT, "tokenized", folder, meta)
+    publish(ctx, folder, ARTIFACT, "tokenized", meta, meta_file="prepare_meta.json")
     if agg["turns_without_end_token"]:
         ctx.warning(f"{agg['turns_without_end_token']} trained turns have no end-of-turn token "
                     "in the rendering (the template emits none there); they train without one")

@@ -28,9 +28,10 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from workers.stages.common import StageContext, StageError
-from workers.stages.train.params import TrainParams, parse_params
+from workers.stages.kernel import parse_params
+from workers.stages.train.params import TrainParams
 
-__all__ = ["run", "parse_params", "TrainParams"]
+__all__ = ["run", "TrainParams"]
 
 
 def _source(p: TrainParams, n_gpus: int, warn) -> str:
@@ -53,7 +54,7 @@ def _source(p: TrainParams, n_gpus: int, warn) -> str:
 
 
 def run(spec: dict, ctx: StageContext) -> dict:
-    p = parse_params(spec.get("params"))
+    p = parse_params(TrainParams, spec.get("params"))
     import torch
 
     from workers.stages.train import build, launch, loop

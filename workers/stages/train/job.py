@@ -19,8 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.target import text_config
 from workers.stages.common import StageError
-from workers.stages.extract.layers import resolve_layers, text_config, validate_layer_ids
+from workers.stages.extract.layers import resolve_layers, validate_layer_ids
+from workers.stages.kernel import require_input, target_config
 from workers.stages.train.params import TrainParams
 
 ATTENTION_IMPLS = {"sdpa": "sdpa", "eager": "eager", "flex": "simple_flex_attention"}
@@ -70,24 +72,14 @@ def _need(cond: bool, code: str, message: str, **details: Any) -> None:
 
 
 def _target(spec: dict) -> tuple[str, str, dict]:
-    t = (spec.get("inputs") or {}).get("target")
-    _need(isinstance(t, dict) and t.get("path"), "invalid_input", "the train stage needs a "
-          "`target` input ({path, config, ...})")
+    t = require_input(spec, "target", what="a resolved target")
     path = str(t["path"])
-    cfg = t.get("config")
-    if not cfg:
-        cfg_file = Path(path) / "config.json"
-        _need(cfg_file.is_file(), "invalid_input", f"target {path} has no config.json")
-        cfg = json.loads(cfg_file.read_text())
-    return path, str(t.get("tokenizer_path") or path), text_config(cfg)
+    return path, str(t.get("tokenizer_path") or path), text_config(target_config(t))
 
 
 def _tokenized(spec: dict) -> tuple[str, int, list[int], int]:
     """(path, rows, row 0's input_ids, the longest row)."""
-    tok = (spec.get("inputs") or {}).get("tokenized")
-    _need(isinstance(tok, dict) and tok.get("path"), "invalid_input",
-          "the train stage needs a `tokenized` input (the prepare stage's artifact)")
-    path = str(tok["path"])
+    path = str(require_input(spec, "tokenized", what="the prepare stage's artifact")["path"])
     _need(Path(path).is_dir(), "invalid_input", f"tokenized set {path} does not exist")
     from datasets import load_from_disk
 
@@ -192,8 +184,8 @@ def resolve_job(spec: dict, params: TrainParams, source: str, cuda: bool,
     layer_select = None
     hs_path = None
     if source == "offline":
-        _need(isinstance(hs, dict) and hs.get("path"), "invalid_input", "mode=offline needs "
-              "a `hidden_states` input (the extract stage's artifact); or use mode=online")
+        hs = require_input(spec, "hidden_states", what="mode=offline reads the extract "
+                           "stage's artifact; or use mode=online")
         hs_path = str(hs["path"])
         _need(Path(hs_path).is_dir(), "invalid_input", f"hidden_states {hs_path} does not exist")
         layer_ids, layer_select = _offline_layers(hs_path, _hs_meta(hs), d.target_layer_ids,

@@ -21,7 +21,7 @@ from workers.stages.common import StageError
 from workers.stages.extract.backends import ExtractJob, Progress, open_rows, read_input_ids
 from workers.stages.extract.batching import Batch, plan_batches, shard_batches
 from workers.stages.extract.layers import LayerPlan
-from workers.stages.extract.writer import AsyncWriter, existing_indices, torch_dtype
+from workers.stages.extract.writer import AsyncWriter, samples, torch_dtype
 
 
 def load_decoder(job: ExtractJob, device: str) -> tuple[Any, Any]:
@@ -207,7 +207,7 @@ def _run_parallel(job: ExtractJob, batches: list[Batch], devices: list[str],
     """One spawned process per device; progress is read off the files that appear."""
     import multiprocessing as mp
 
-    before = existing_indices(job.folder)
+    before = set(samples(job.folder).done())
     ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
     procs = [ctx.Process(target=_worker_main, args=(job, shard, dev), daemon=True)
              for shard, dev in zip(shard_batches(batches, len(devices)), devices)]
@@ -217,7 +217,7 @@ def _run_parallel(job: ExtractJob, batches: list[Batch], devices: list[str],
             p.start()
         while True:
             alive = any(p.is_alive() for p in procs)
-            done = existing_indices(job.folder) - before
+            done = set(samples(job.folder).done()) - before
             progress(len(done), sum(lengths.get(i, 0) for i in done))
             failed = [(dev, p.exitcode) for p, dev in zip(procs, devices)
                       if p.exitcode not in (None, 0)]
@@ -234,7 +234,7 @@ def _run_parallel(job: ExtractJob, batches: list[Batch], devices: list[str],
             if p.is_alive():
                 p.terminate()
             p.join(timeout=30)
-    done = existing_indices(job.folder) - before
+    done = set(samples(job.folder).done()) - before
     return {"samples": len(done), "tokens": sum(lengths.get(i, 0) for i in done),
             "forward_s": time.perf_counter() - t0}
 
