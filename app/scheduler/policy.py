@@ -7,6 +7,11 @@ if it still does not fit, reserves the node closest to fitting it: nothing new s
 until it fits, so it waits at most for that node's running jobs (no starvation). Jobs may
 still start on the other nodes.
 
+A user's CPU jobs and GPU jobs queue separately (each in priority, then age order), so a CPU
+job waiting for a slot never keeps its owner's GPU jobs (an aged one above all) from their turn,
+nor the other way round: a job that cannot start changes nothing for the jobs after it, which
+is what lets `could_matter` leave such jobs out of a placement-only plan.
+
 CPU slots (jobs with gpus=0) go in the same order, but while another user's CPU job waits, no
 user holds more than `user_cpu_slots` of them (default: all but one), so one user's long
 probes cannot starve everyone's ingests (issue 17 item 5); a user alone may use them all.
@@ -125,21 +130,25 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
     cpu_waiting = Counter(w.owner for w in waiting if w.gpus == 0 and not w.held)
     max_node = max((nd.total for nd in nodes if nd.schedulable), default=0)
 
-    # Per user: own jobs by (priority desc, age). Across users: a heap on each user's head.
-    per_user: dict[str, list[Waiting]] = {}
+    # Per user, a queue of GPU jobs and one of CPU jobs, each by (priority desc, age); across
+    # them, a heap on each queue's head. Two queues keep the keys along a queue non-decreasing:
+    # an aged GPU job (keyed first within its priority) never sits behind an older CPU job of
+    # its owner (never aged, keyed by fair share).
+    gpu_q: dict[str, list[Waiting]] = {}
+    cpu_q: dict[str, list[Waiting]] = {}
     for w in (waiting if presorted else sorted(waiting, key=job_order)):
-        per_user.setdefault(w.owner, []).append(w)
-    for lst in per_user.values():
+        (gpu_q if w.gpus else cpu_q).setdefault(w.owner, []).append(w)
+    for lst in (*gpu_q.values(), *cpu_q.values()):
         lst.reverse()  # pop() = best
+    gpu_starts: Counter[str] = Counter()  # GPU jobs started by this plan, per owner
     # What could still start: GPU counts of the jobs not yet considered, and CPU jobs left.
     left = Counter(w.gpus for w in waiting if not w.held)
 
-    def key(owner: str) -> tuple:
-        w = per_user[owner][-1]
+    def key(w: Waiting) -> tuple:
         if w.gpus and now - w.queued_at > backfill_bound_s:
             # Aged: first within its priority, oldest first, whatever its owner's usage.
             return (-w.priority, 0, 0, 0.0, w.queued_at, w.id)
-        u = usage.get(owner) or Usage()
+        u = usage.get(w.owner) or Usage()
         return (-w.priority, 1, u.gpus_held, u.gpu_hours, w.queued_at, w.id)
 
     def could_start() -> bool:
@@ -152,7 +161,9 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
                     if nd.schedulable and nd.name not in out.reserved), default=0)
         return min(sizes) <= most
 
-    heap = [(key(o), o) for o in per_user]
+    # (key, owner, its CPU queue?, its owner's GPU starts when pushed); keys are unique.
+    heap = [(key(q[-1]), o, cpu, 0) for cpu, qs in ((False, gpu_q), (True, cpu_q))
+            for o, q in qs.items()]
     heapq.heapify(heap)
     cpu_left = cpu_free
     waiting_count = 0  # jobs given a position (considered and not started)
@@ -161,9 +172,16 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
         if top is not None and waiting_count >= top and not could_start():
             break
         # Only the popped user's usage can change below, so every key in the heap stays
-        # current; this user's next job is pushed once the decision on this one is made.
-        owner = heapq.heappop(heap)[1]
-        w = per_user[owner].pop()
+        # current but one: that of the owner's CPU queue once a GPU job of theirs started
+        # (GPUs held only grow, so it is too small, never too large). Popped, it goes back
+        # in with its key brought up to date. A queue's next job is pushed once the decision
+        # on this one is made.
+        _, owner, cpu, seen = heapq.heappop(heap)
+        q = (cpu_q if cpu else gpu_q)[owner]
+        if seen != gpu_starts[owner]:
+            heapq.heappush(heap, (key(q[-1]), owner, cpu, gpu_starts[owner]))
+            continue
+        w = q.pop()
         out.order.append(w.id)
         if not w.held:
             left[w.gpus] -= 1
@@ -195,6 +213,7 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
             take = sorted(nd.free)[: w.gpus]
             nd.free = [i for i in nd.free if i not in take]
             usage.setdefault(owner, Usage()).gpus_held += w.gpus
+            gpu_starts[owner] += 1
             out.dispatch.append((w.id, nd.name, take))
             started = True
         elif _place(nodes, w.gpus, {}) is not None:
@@ -213,8 +232,8 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
                     out.reserved[r.name] = w.id
         if not started:
             waiting_count += 1
-        if per_user[owner]:
-            heapq.heappush(heap, (key(owner), owner))
+        if q:
+            heapq.heappush(heap, (key(q[-1]), owner, cpu, gpu_starts[owner]))
     for job_id, n in gpu_waits:
         text = _free_text(nodes, n)
         mine = [nd for nd, j in out.reserved.items() if j == job_id]

@@ -264,11 +264,11 @@ def _cases(draw):
             draw(st.sampled_from([None, 0, 3])))
 
 
-# derandomize: the same 200 cases on every run, so CI is reproducible. A random search found a
-# case (also on c279ccb, before this session) where the placement-only read (`could_matter`)
-# places a different job than the full plan: an open defect, reported in the session note,
-# not hidden by a stored example.
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+# derandomize: the same 600 cases on every run, so CI is reproducible (about 5 s). A random
+# search (max_examples=5000, not derandomized) found the case of
+# test_a_cpu_job_waiting_for_a_slot_does_not_hold_back_its_owners_aged_gpu_job below in every
+# run before its fix, and none in 45,000 cases after it.
+@settings(max_examples=600, deadline=None, derandomize=True, database=None)
 @given(_cases())
 def test_never_oversubscribes_and_respects_every_rule(case):
     nodes, jobs, usage, quota, cpu, top = case
@@ -328,3 +328,23 @@ def test_one_user_cannot_take_every_cpu_slot_while_another_waits():
     p = plan([job("a3", "a", 0, age=9), job("b1", "b", 0)], [], {"a": Usage(cpu_held=2)},
              now=NOW, cpu_free=2, user_cpu_slots=3)
     assert sorted(started(p)) == ["a3", "b1"]
+
+
+def test_a_cpu_job_waiting_for_a_slot_does_not_hold_back_its_owners_aged_gpu_job():
+    """Regression (found by the property above with a random search): b's oldest job is a CPU
+    job and no CPU slot is free; b's aged GPU job came behind it in b's own queue, so b was
+    keyed by the CPU job (not aged: fair share applies, and b used more than a) and a's fresh
+    job took the only GPU. The placement-only read leaves the CPU job out (it cannot start)
+    and placed b's aged job instead. An aged job goes first within its priority whatever
+    its owner's other jobs: both plans must start it."""
+    jobs = [job("b_cpu", "b", 0, age=700), job("b_aged", "b", 1, age=600),
+            job("a_new", "a", 1, age=1)]
+    nodes = [node("n0", [0], total=1)]
+    usage = {"b": Usage(gpu_hours=1.0)}
+    full = plan(jobs, nodes, usage, now=NOW, backfill_bound_s=500, cpu_free=0)
+    assert full.dispatch == [("b_aged", "n0", [0])]
+    assert full.reasons["b_cpu"] == "waiting for a CPU slot (all busy)"
+    few = [j for j in jobs if could_matter(j, 1, 0, NOW, 500)]
+    assert [j.id for j in few] == ["b_aged", "a_new"]
+    part = plan(few, nodes, usage, now=NOW, backfill_bound_s=500, cpu_free=0, top=0)
+    assert part.dispatch == full.dispatch

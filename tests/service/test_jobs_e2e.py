@@ -57,11 +57,9 @@ def test_cancel_running_probe_kills_group_within_5s(api, worker, home):
                                  for e in api.get(f"/v1/jobs/{job['id']}/events").json()["data"]
                                  if e["kind"] == "log" and "pid" in e["data"].get("message", "")),
                                 None), 20, 0.2, "stage pid")
-    t0 = time.time()
     r = api.post(f"/v1/jobs/{job['id']}/cancel")
     assert r.status_code == 200 and r.json()["status"] == "cancelling"
-    j = api.wait_job(job["id"], ("cancelled",), 5)
-    assert time.time() - t0 < 5
+    j = api.wait_job(job["id"], ("cancelled",), 5)  # the bound: cancelled within 5 s
     assert j["status"] == "cancelled"
 
     def gone():
@@ -97,8 +95,11 @@ def test_duplicate_delivery_runs_once(api, worker, home):
     send_run_job(job["id"], "cpu")  # the same message again
     send_run_job(job["id"], "cpu")
     j = api.wait_job(job["id"])
-    time.sleep(1.5)
     assert j["status"] == "succeeded"
+    # The worker takes the cpu queue in order: once a job sent after the duplicates has
+    # started, both duplicates have been taken and their claim found nothing.
+    after = api.submit(type="probe", params={"sleep_s": 0.1, "steps": 1})
+    assert api.wait_job(after["id"])["status"] == "succeeded"
     evs = api.get(f"/v1/jobs/{job['id']}/events").json()["data"]
     starts = [e for e in evs if e["kind"] == "log" and "stage started" in e["data"]["message"]]
     assert len(starts) == 1

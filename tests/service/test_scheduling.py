@@ -250,6 +250,31 @@ def _check_contended(users, ids, jobs, seen_assigned, *, tolerance: float):
         assert abs(s - 0.25) <= tolerance, shares
 
 
+def test_fair_share_smoke_a_late_user_is_not_queued_behind_a_backlog(api, nodes):
+    """The default suite's fairness check through real workers (convergence of shares is
+    simulated at policy level in tests/scheduler/test_fairness_sim.py; the 200- and 400-job
+    runs below are the slow scale versions). User a queues ten 8-GPU jobs: one per node runs,
+    eight wait. Then user b queues three. b holds fewer GPUs than a, so each node that frees
+    goes to b first: of a's jobs, at most two (a decision racing b's submit) start between
+    b's first submission and b's last start, where first-come-first-served would start all
+    eight waiting ones. Asserted on the lease history, not on times."""
+    a, b = make_users(api, 2, "smoke")
+    a_ids = [probe(a, 8, 1.0)["id"] for _ in range(10)]
+    wait_for(lambda: sum(j.status == "running" for j in db_jobs(a_ids)) == 2, 30, 0.2,
+             "a's first two jobs to run")
+    b_ids = [probe(b, 8, 0.3)["id"] for _ in range(3)]
+    for j in a_ids + b_ids:
+        assert api.wait_job(j, timeout=90)["status"] == "succeeded", j
+    rows = leases_of(a_ids + b_ids)
+    assert assert_no_gpu_carries_two_jobs(rows) == 16
+    start = {j: min(r.start_at for r in rows if r.job_id == j) for j in a_ids + b_ids}
+    b_first = min(j.created_at for j in db_jobs(b_ids))
+    b_last = max(start[j] for j in b_ids)
+    passed = [j for j in a_ids if b_first <= start[j] <= b_last]
+    print(f"a's jobs started while b's waited: {len(passed)} of {len(a_ids) - 2}")
+    assert len(passed) <= 2, passed
+
+
 # slow (65 s): fairness is checked at policy level in tests/scheduler; this is the scale run.
 @pytest.mark.slow
 def test_200_jobs_4_users_2_nodes_fair_and_never_oversubscribed(api, nodes):
@@ -432,10 +457,9 @@ def test_killed_worker_job_requeued_and_finishes_on_other_node(api, nodes):
 
     # the stage dies with its worker (its own session, but PDEATHSIG): it never runs twice
     wait_for(lambda: _gone(pid), 5, 0.1, "the orphaned stage to die")
-    j = api.wait_job(job["id"], ("succeeded", "failed", "cancelled"), 60)
+    j = api.wait_job(job["id"], ("succeeded", "failed", "cancelled"), 60)  # bound: 60 s
     took = time.time() - t_kill
     assert j["status"] == "succeeded", j
-    assert took < 60, took
     assert j["attempt"] == 2 and j["node"] == survivor
     assert j["metrics_summary"]["cuda_visible_devices"] == GPUS8
     evs = api.get(f"/v1/jobs/{job['id']}/events").json()["data"]
@@ -492,8 +516,14 @@ def test_requeued_job_is_fenced_from_its_old_worker(api, nodes):
     wait_for(lambda: _gone(old_pid), 5, 0.1, "the old attempt's stage to be killed")
     j = wait_for(lambda: (x := api.job(job["id"]))["status"] == "running"
                  and x["attempt"] == 2 and x, 30, 0.2, "attempt 2 to run")
-    time.sleep(1.5)  # the old attempt's end has been handled by now: it freed nothing
+    # The old attempt's end has been handled (its worker logs that the job is no longer its
+    # own and records nothing): only then may its GPUs be checked.
+    on = j["node"]  # attempt 2's node; attempt 1 ran on either
+    wait_for(lambda: any(f"job {job['id']} attempt 1: no longer owned" in p.tail(400)
+                         for p in nodes.procs.values()), 30, 0.2,
+             "the old attempt's worker to give the job up")
     j = api.job(job["id"])
+    assert j["node"] == on
     assert j["status"] == "running" and len(j["gpus_assigned"]) == 4
     assert len(gpus_held_by([job["id"]])) == 4
     j = api.wait_job(job["id"], timeout=60)

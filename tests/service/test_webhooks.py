@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import time
 
 import pytest
 from sqlalchemy import text
@@ -97,8 +96,18 @@ def test_deliveries_survive_failures_and_an_api_restart(stack):
                     "ON d.body LIKE '%' || j.id || '%' WHERE j.id = :j"), {"j": late}).first()
         row = wait_for(late_outbox, 60, 0.3, "the late job's event in the outbox")
         assert row == ("succeeded", "pending")
-        time.sleep(1.0)  # longer than the backoff: nothing sends while the API is down
+        # Nothing sends while the API is down: wait until every pending delivery of the hook
+        # is due (its backoff is over, so a running sender would have sent it), then see
+        # that none was sent and none was tried.
+        def due():
+            with stack.engine().connect() as db:
+                return db.execute(text(
+                    "SELECT count(*) > 0 AND bool_and(next_at <= now()), sum(attempts) "
+                    "FROM webhook_deliveries WHERE webhook_id = :h AND status = 'pending'"),
+                    {"h": hook["id"]}).one()
+        tried = wait_for(lambda: (r := due())[0] and r, 30, 0.2, "the pending deliveries due")[1]
         assert len(rx.snapshot()) == seen_down
+        assert due()[1] == tried
         stack.start_api()
         with stack.client(tok) as c:
             gone = _submit(c, params={"sleep_s": 60})
