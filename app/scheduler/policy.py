@@ -2,15 +2,22 @@
 
 Order: priority, then fair share between users (fewer GPUs held now, then fewer recent
 GPU-hours), then age. A GPU job that does not fit waits; smaller jobs may pass it only until
-it has waited `backfill_bound_s` (aging). After that it goes first within its priority and,
-if it still does not fit, reserves the node closest to fitting it: nothing new starts there
-until it fits, so it waits at most for that node's running jobs (no starvation). Jobs may
-still start on the other nodes.
+it has waited `backfill_bound_s` (aging). After that, while it still fits on no node at the
+start of a decision, it goes first within its priority and reserves the node closest to
+fitting it: nothing new starts there until it fits, so it waits at most for that node's
+running jobs (no starvation). Jobs may still start on the other nodes.
 
-A user's CPU jobs and GPU jobs queue separately (each in priority, then age order), so a CPU
-job waiting for a slot never keeps its owner's GPU jobs (an aged one above all) from their turn,
-nor the other way round: a job that cannot start changes nothing for the jobs after it, which
-is what lets `could_matter` leave such jobs out of a placement-only plan.
+Aging is for jobs that are passed over because they do not fit. An aged job that fits when
+the decision starts keeps its fair-share place: promoting every job older than the bound
+would serve any backlog older than it first come, first served, whatever its owners' usage
+(tests/scheduler/test_fairness_sim.py measured 0.98 / 0.02 between two equal users, and a
+light user waiting behind the whole backlog). Passed over in this decision, it is promoted in
+the next one if it then does not fit.
+
+A user's CPU jobs, GPU jobs and promoted GPU jobs queue separately (each in priority, then age
+order), so a job that cannot start never keeps its owner's others from their turn (a CPU job
+waiting for a slot, a promoted job above all): a job that cannot start changes nothing for the
+jobs after it, which is what lets `could_matter` leave such jobs out of a placement-only plan.
 
 CPU slots (jobs with gpus=0) go in the same order, but while another user's CPU job waits, no
 user holds more than `user_cpu_slots` of them (default: all but one), so one user's long
@@ -129,27 +136,34 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
     cpu_cap = user_cpu_slots or max(1, cpu_free + sum(u.cpu_held for u in usage.values()) - 1)
     cpu_waiting = Counter(w.owner for w in waiting if w.gpus == 0 and not w.held)
     max_node = max((nd.total for nd in nodes if nd.schedulable), default=0)
+    most_free = max((len(nd.free) for nd in nodes if nd.schedulable), default=0)
 
-    # Per user, a queue of GPU jobs and one of CPU jobs, each by (priority desc, age); across
-    # them, a heap on each queue's head. Two queues keep the keys along a queue non-decreasing:
-    # an aged GPU job (keyed first within its priority) never sits behind an older CPU job of
-    # its owner (never aged, keyed by fair share).
-    gpu_q: dict[str, list[Waiting]] = {}
-    cpu_q: dict[str, list[Waiting]] = {}
+    def promoted(w: Waiting) -> bool:
+        """Aged and fitting on no node now: first within its priority, holds a node."""
+        return bool(w.gpus) and w.gpus > most_free and now - w.queued_at > backfill_bound_s
+
+    # Per user, a queue of CPU jobs, one of GPU jobs and one of promoted GPU jobs, each by
+    # (priority desc, age); across them, a heap on each queue's head. Separate queues keep the
+    # keys along a queue non-decreasing: a promoted job (keyed first within its priority) never
+    # sits behind an older job of its owner keyed by fair share.
+    CPU, GPU, PROMOTED = 0, 1, 2
+    queues: tuple[dict[str, list[Waiting]], ...] = ({}, {}, {})
     for w in (waiting if presorted else sorted(waiting, key=job_order)):
-        (gpu_q if w.gpus else cpu_q).setdefault(w.owner, []).append(w)
-    for lst in (*gpu_q.values(), *cpu_q.values()):
-        lst.reverse()  # pop() = best
+        kind = PROMOTED if promoted(w) else GPU if w.gpus else CPU
+        queues[kind].setdefault(w.owner, []).append(w)
+    for qs in queues:
+        for lst in qs.values():
+            lst.reverse()  # pop() = best
     gpu_starts: Counter[str] = Counter()  # GPU jobs started by this plan, per owner
     # What could still start: GPU counts of the jobs not yet considered, and CPU jobs left.
     left = Counter(w.gpus for w in waiting if not w.held)
 
     def key(w: Waiting) -> tuple:
-        if w.gpus and now - w.queued_at > backfill_bound_s:
-            # Aged: first within its priority, oldest first, whatever its owner's usage.
-            return (-w.priority, 0, 0, 0.0, w.queued_at, w.id)
+        # A promoted job goes before its owner's other jobs of its priority (they may not pass
+        # it), at its owner's fair-share turn (it does not pass lighter users' jobs).
         u = usage.get(w.owner) or Usage()
-        return (-w.priority, 1, u.gpus_held, u.gpu_hours, w.queued_at, w.id)
+        return (-w.priority, u.gpus_held, u.gpu_hours, 0 if promoted(w) else 1, w.queued_at,
+                w.id)
 
     def could_start() -> bool:
         if cpu_left > 0 and left[0] > 0:
@@ -161,9 +175,8 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
                     if nd.schedulable and nd.name not in out.reserved), default=0)
         return min(sizes) <= most
 
-    # (key, owner, its CPU queue?, its owner's GPU starts when pushed); keys are unique.
-    heap = [(key(q[-1]), o, cpu, 0) for cpu, qs in ((False, gpu_q), (True, cpu_q))
-            for o, q in qs.items()]
+    # (key, owner, which of its queues, its owner's GPU starts when pushed); keys are unique.
+    heap = [(key(q[-1]), o, kind, 0) for kind, qs in enumerate(queues) for o, q in qs.items()]
     heapq.heapify(heap)
     cpu_left = cpu_free
     waiting_count = 0  # jobs given a position (considered and not started)
@@ -172,14 +185,14 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
         if top is not None and waiting_count >= top and not could_start():
             break
         # Only the popped user's usage can change below, so every key in the heap stays
-        # current but one: that of the owner's CPU queue once a GPU job of theirs started
-        # (GPUs held only grow, so it is too small, never too large). Popped, it goes back
-        # in with its key brought up to date. A queue's next job is pushed once the decision
-        # on this one is made.
-        _, owner, cpu, seen = heapq.heappop(heap)
-        q = (cpu_q if cpu else gpu_q)[owner]
+        # current but those of the owner's other queues once a GPU job of theirs started
+        # (GPUs held only grow, so they are too small, never too large). Popped, such a queue
+        # goes back in with its key brought up to date. A queue's next job is pushed once the
+        # decision on this one is made.
+        _, owner, kind, seen = heapq.heappop(heap)
+        q = queues[kind][owner]
         if seen != gpu_starts[owner]:
-            heapq.heappush(heap, (key(q[-1]), owner, cpu, gpu_starts[owner]))
+            heapq.heappush(heap, (key(q[-1]), owner, kind, gpu_starts[owner]))
             continue
         w = q.pop()
         out.order.append(w.id)
@@ -226,14 +239,14 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
         else:
             gpu_waits.append((w.id, w.gpus))
             out.gpu_waits.append(w.id)
-            if now - w.queued_at > backfill_bound_s:
+            if kind == PROMOTED:
                 r = _reserve_for(nodes, w.gpus, out.reserved)
                 if r is not None:
                     out.reserved[r.name] = w.id
         if not started:
             waiting_count += 1
         if q:
-            heapq.heappush(heap, (key(q[-1]), owner, cpu, gpu_starts[owner]))
+            heapq.heappush(heap, (key(q[-1]), owner, kind, gpu_starts[owner]))
     for job_id, n in gpu_waits:
         text = _free_text(nodes, n)
         mine = [nd for nd, j in out.reserved.items() if j == job_id]

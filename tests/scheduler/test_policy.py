@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -139,13 +140,38 @@ def test_small_jobs_pass_a_big_one_before_the_bound():
 def test_aged_big_job_holds_a_node_back_but_other_nodes_keep_working():
     nodes = [node("x", range(5)), node("y", range(2))]
     p = plan([job("big", "a", 8, age=301), job("s1", "b", 2, age=50), job("s2", "c", 2, age=40)],
-             nodes, {"a": Usage(8, 10.0)}, now=NOW, backfill_bound_s=300)
-    # big (aged) is considered first despite a's usage; x (5 free) is held for it
+             nodes, {"b": Usage(2, 10.0), "c": Usage(2, 20.0)}, now=NOW, backfill_bound_s=300)
+    # big (aged, fits nowhere) is considered at a's turn, first; x (5 free) is held for it
     assert p.order[0] == "big"
     assert p.reserved == {"x": "big"}
     assert p.dispatch == [("s1", "y", [0, 1])]
     assert p.reasons["s2"] == "GPUs held back for big, waiting longer than 300s"
     assert p.reasons["big"] == "waiting for 8 GPUs, 5 free; waited over 300s, so x is held for it"
+
+
+def test_aged_big_job_passes_its_owners_small_jobs_not_lighter_users():
+    """Aging protects a big job from being passed by the jobs after it (its owner's own
+    smaller ones too), not from fair share: a heavy user's aged job waits for lighter users'
+    jobs, then holds a node that its owner's small jobs may not take."""
+    nodes = [node("x", range(5)), node("y", range(2))]
+    jobs = [job("big", "a", 8, age=301), job("a_small", "a", 2, age=400),
+            job("s1", "b", 2, age=50), job("s2", "c", 2, age=40)]
+    p = plan(jobs, nodes, {"a": Usage(8, 10.0)}, now=NOW, backfill_bound_s=300)
+    assert p.order == ["s1", "s2", "big", "a_small"]
+    assert p.dispatch == [("s1", "y", [0, 1]), ("s2", "x", [0, 1])]
+    assert p.reserved == {"x": "big"}
+    assert p.reasons["a_small"] == "GPUs held back for big, waiting longer than 300s"
+
+
+def test_an_aged_job_that_fits_keeps_its_fair_share_place():
+    """Aging once put every job older than the bound first, oldest first, whatever its
+    owner's usage, so a backlog older than the bound was served first come, first served
+    (tests/scheduler/test_fairness_sim.py). A job that fits is not promoted: the lighter
+    user's fresh job goes first, and nothing is held back."""
+    jobs = [job("a_old", "a", 1, age=5000), job("b_new", "b", 1, age=1)]
+    p = plan(jobs, [node("n", [0])], {"a": Usage(4, 30.0)}, now=NOW, backfill_bound_s=300)
+    assert started(p) == ["b_new"]
+    assert p.reserved == {}
 
 
 def test_aged_job_does_not_pass_higher_priority():
@@ -330,19 +356,20 @@ def test_one_user_cannot_take_every_cpu_slot_while_another_waits():
     assert sorted(started(p)) == ["a3", "b1"]
 
 
-def test_a_cpu_job_waiting_for_a_slot_does_not_hold_back_its_owners_aged_gpu_job():
+@pytest.mark.parametrize("b_heavier", [True, False])
+def test_a_cpu_job_waiting_for_a_slot_does_not_hold_back_its_owners_aged_gpu_job(b_heavier):
     """Regression (found by the property above with a random search): b's oldest job is a CPU
     job and no CPU slot is free; b's aged GPU job came behind it in b's own queue, so b was
-    keyed by the CPU job (not aged: fair share applies, and b used more than a) and a's fresh
-    job took the only GPU. The placement-only read leaves the CPU job out (it cannot start)
-    and placed b's aged job instead. An aged job goes first within its priority whatever
-    its owner's other jobs: both plans must start it."""
+    keyed by the CPU job, not the aged one, and the placement-only read (which leaves the CPU
+    job out: it cannot start) placed another job than the full plan. Each user's CPU and GPU
+    jobs queue apart now: both plans place the same job, by fair share (the aged job fits, so
+    it is not promoted), whichever user is the heavier."""
     jobs = [job("b_cpu", "b", 0, age=700), job("b_aged", "b", 1, age=600),
             job("a_new", "a", 1, age=1)]
     nodes = [node("n0", [0], total=1)]
-    usage = {"b": Usage(gpu_hours=1.0)}
+    usage = {"b" if b_heavier else "a": Usage(gpu_hours=1.0)}
     full = plan(jobs, nodes, usage, now=NOW, backfill_bound_s=500, cpu_free=0)
-    assert full.dispatch == [("b_aged", "n0", [0])]
+    assert full.dispatch == [("a_new" if b_heavier else "b_aged", "n0", [0])]
     assert full.reasons["b_cpu"] == "waiting for a CPU slot (all busy)"
     few = [j for j in jobs if could_matter(j, 1, 0, NOW, 500)]
     assert [j.id for j in few] == ["b_aged", "a_new"]
