@@ -29,11 +29,16 @@ services:
 demo: install
 	$(VENV)/bin/draftyard demo
 
+# Parallel test processes: one per core, at most 4 (each runs its own API and worker; on 2
+# cores the stage processes of one overlap the waits of the other). TEST_JOBS=0 runs serially.
+TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+PYTEST_PAR := $(if $(filter 0 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup)
+
 test: install services
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PAR)
 
 test-all: install services
-	$(PY) -m pytest -q -m "not gpu and not vllm_cpu"
+	$(PY) -m pytest -q $(PYTEST_PAR) -m "not gpu and not vllm_cpu"
 
 # Opt-in: the vLLM paths against a real vLLM server on CPU (vllm-cpu), in a venv of its own:
 # vllm-cpu pins its own torch/transformers, and its 3.4 GB stay out of .venv. The tests run

@@ -22,12 +22,21 @@ REPO = Path(__file__).resolve().parents[1]
 # Where PostgreSQL and Redis are: tests/services.py (started from PyPI wheels if none answers).
 PG_ADMIN, REDIS_BASE = test_urls()
 
+# `make test` runs the suite in parallel (pytest-xdist): each test process is one session
+# with its own database, home and Redis DBs. Redis has 16 DBs (0-15); process i (gw<i>, or
+# pid % 5 for a plain pytest, so that two plain runs rarely meet) owns DBs 3i+1 .. 3i+3:
+# the first for its session's services, the others for the stacks its tests start
+# (tests/service/stack.py) one at a time.
+_SLOT = (int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+         if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") else os.getpid()) % 5
+REDIS_DBS = (3 * _SLOT + 1, 3 * _SLOT + 2, 3 * _SLOT + 3)
+
 # One database and one Redis DB per test session, set before app settings are first read.
 _DBNAME = f"dy_test_{uuid.uuid4().hex[:10]}"
 _HOME = Path(tempfile.mkdtemp(prefix="draftyard-test-"))
 TEST_ENV = {
     "DRAFTYARD_DATABASE_URL": PG_ADMIN.rsplit("/", 1)[0] + f"/{_DBNAME}",
-    "DRAFTYARD_BROKER_URL": f"{REDIS_BASE}/{(os.getpid() % 14) + 1}",
+    "DRAFTYARD_BROKER_URL": f"{REDIS_BASE}/{REDIS_DBS[0]}",
     "DRAFTYARD_HOME": str(_HOME),
     "DRAFTYARD_HEARTBEAT_S": "0.5",
     "DRAFTYARD_STALE_AFTER_S": "6",
@@ -285,3 +294,14 @@ def pytest_terminal_summary(terminalreporter):
     if missing:
         terminalreporter.write_sep("!", f"{missing} tests SKIPPED: ../shared/fixtures not found "
                                         "(set DRAFTYARD_SHARED_FIXTURES)", red=True, bold=True)
+
+
+# ---- parallel runs (pytest-xdist, `make test`: -n N --dist loadgroup) -------------------------
+# A test module runs whole in one test process, so its module fixtures are built once; a
+# module may join a named group instead (`pytestmark = pytest.mark.xdist_group("name")`) when
+# it shares a session fixture with other modules (the finished run of `reported_run`).
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

@@ -10,6 +10,9 @@ import pytest
 
 from tests.service.test_cli import cli
 
+# One test process builds the shared finished run (tests/service/conftest.py reported_run).
+pytestmark = pytest.mark.xdist_group("reported_run")
+
 LISTINGS = (["jobs"], ["runs"], ["queue"], ["nodes"], ["targets"], ["datasets"], ["artifacts"],
             ["users"])
 

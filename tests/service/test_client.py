@@ -16,6 +16,9 @@ from draftyard import (ApiError, Client, Conflict, Forbidden, NotFound, Unauthor
                        Unprocessable)
 from tests.conftest import REPO
 
+# One test process builds the shared finished run (tests/service/conftest.py reported_run).
+pytestmark = pytest.mark.xdist_group("reported_run")
+
 
 def test_errors_are_typed_and_carry_the_api_error_object(api, worker):
     c = Client(api.url, api.token)

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from tests.conftest import REDIS_DBS
 from tests.service.stack import Stack
 from tests.service.test_api_errors import _err
 
@@ -28,7 +29,7 @@ def small(tmp_path_factory):
     (models / "m" / "config.json").write_text(json.dumps({
         "architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
         "vocab_size": 1000}))
-    st = Stack("limits", 15, {"DRAFTYARD_MAX_UPLOAD_BYTES": str(CAP_UPLOAD),
+    st = Stack("limits", REDIS_DBS[2], {"DRAFTYARD_MAX_UPLOAD_BYTES": str(CAP_UPLOAD),
                               "DRAFTYARD_MAX_BODY_BYTES": str(CAP_BODY),
                               "DRAFTYARD_MAX_DECOMPRESSED_BYTES": "2000000",
                               "DRAFTYARD_MAX_CONCURRENT_PLANS": "1",

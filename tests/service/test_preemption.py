@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import REDIS_DBS, wait_for
 from tests.service.receiver import Receiver
 from tests.service.stack import Stack
 from tests.stages.conftest import shared_fixtures
@@ -25,7 +25,7 @@ STEPS = 16
 
 @pytest.fixture
 def stack():
-    st = Stack("preempt", 0, {"DRAFTYARD_PREEMPT_GRACE_S": "60",
+    st = Stack("preempt", REDIS_DBS[1], {"DRAFTYARD_PREEMPT_GRACE_S": "60",
                               "DRAFTYARD_WEBHOOK_BACKOFF_S": "0.5",
                               "DRAFTYARD_WEBHOOK_POLL_S": "0.2"})
     st.env["DRAFTYARD_MODEL_ROOTS"] = st.env["DRAFTYARD_DATA_ROOTS"] = str(st.home)

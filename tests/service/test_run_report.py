@@ -14,6 +14,9 @@ import pytest
 from tests.conftest import REPO
 from tests.service.test_cli import cli
 
+# One test process builds the shared finished run (tests/service/conftest.py reported_run).
+pytestmark = pytest.mark.xdist_group("reported_run")
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 SHOTS = Path(os.environ.get("DRAFTYARD_TEST_ARTIFACTS") or REPO / "tmp" / "artifacts") / "run-report"

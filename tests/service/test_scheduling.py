@@ -18,7 +18,7 @@ from collections import defaultdict
 import pytest
 from sqlalchemy import select
 
-from tests.conftest import start_worker, wait_for
+from tests.conftest import REDIS_DBS, start_worker, wait_for
 
 NODES = ("sA", "sB")
 GPUS8 = ",".join(str(i) for i in range(8))
@@ -540,7 +540,7 @@ def quota_stack():
     from tests.service.stack import Stack
 
     # Redis DB 0: no test session (1-14) or bench (15) uses it.
-    st = Stack("quota", 0, {"DRAFTYARD_USER_GPU_QUOTA": "4"})
+    st = Stack("quota", REDIS_DBS[1], {"DRAFTYARD_USER_GPU_QUOTA": "4"})
     try:
         st.create()
         st.start_api()

@@ -11,14 +11,14 @@ import json
 import pytest
 from sqlalchemy import text
 
-from tests.conftest import wait_for
+from tests.conftest import REDIS_DBS, wait_for
 from tests.service.receiver import Receiver
 from tests.service.stack import Stack
 
 
 @pytest.fixture
 def stack():
-    st = Stack("hooks", 0, {"DRAFTYARD_WEBHOOK_BACKOFF_S": "0.5",
+    st = Stack("hooks", REDIS_DBS[1], {"DRAFTYARD_WEBHOOK_BACKOFF_S": "0.5",
                             "DRAFTYARD_WEBHOOK_POLL_S": "0.2", "DRAFTYARD_CPU_SLOTS": "3"})
     st.create()
     try:

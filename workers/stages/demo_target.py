@@ -25,6 +25,7 @@ Two choices keep this cheap enough for a laptop and for tests:
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import math
@@ -240,13 +241,18 @@ def cached_demo_target(cfg: DemoTargetConfig | None = None, chat_template: str |
     final = (root or cache_root()) / "demo_targets" / key
     if (final / DEMO_META_FILE).is_file():
         return final
-    tmp = final.with_name(f"{key}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    build_demo_target(tmp, cfg, chat_template=chat_template)
-    try:
-        tmp.rename(final)
-    except OSError:  # another process finished first: keep theirs
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # One builder at a time per key (parallel test processes, two demos at once): the others
+    # wait for it and reuse its result instead of spending the same minutes again.
+    with open(final.with_name(f"{key}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / DEMO_META_FILE).is_file():
+            return final
+        tmp = final.with_name(f"{key}.tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
+        build_demo_target(tmp, cfg, chat_template=chat_template)
+        shutil.rmtree(final, ignore_errors=True)  # a folder without its meta: half-built
+        tmp.rename(final)
     return final
 
 
