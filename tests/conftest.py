@@ -305,3 +305,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """pytest-xdist groups by renaming each test's node id (`...@group`); a pytest that
+    ignores the rename (pytest 9 does) would split the groups silently and build each shared
+    fixture once per process. Refuse to run like that."""
+    if getattr(session.config.option, "loadgroup", False) and session.items \
+            and "@" not in session.items[0].nodeid:
+        raise pytest.UsageError("pytest-xdist --dist loadgroup did not group the tests (this "
+                                f"pytest {pytest.__version__} ignores its node id rename): "
+                                "install the versions pyproject.toml pins")
