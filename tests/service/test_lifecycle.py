@@ -11,9 +11,10 @@ from app.core.ids import new_id
 from app.datasets.service import get_dataset
 from app.jobs import lifecycle
 from app.jobs.schemas import JobCreate, JobType
-from app.jobs.service import cancel_job, create_job, get_job, retry_job
+from app.jobs.service import cancel_job, create_job, get_job, retry_job, transition
+from app.jobs.states import S
 from app.models import Dataset, Run, Target
-from app.runs.service import get_run
+from app.runs.service import get_run, overall_status
 
 
 def _ingesting(db, user) -> Dataset:
@@ -64,3 +65,56 @@ def test_a_status_change_in_an_unwired_process_is_refused(db, user, monkeypatch)
     monkeypatch.setattr(lifecycle, "_listeners", [])
     with pytest.raises(RuntimeError, match="not wired"):
         create_job(db, user, JobCreate(type=JobType.probe, name="x"))
+
+
+# ---- a run's overall status, as its stage jobs move (in-process, every change announced) --
+
+@pytest.mark.parametrize("statuses, overall", [
+    ([], "pending"),
+    (["pending", "pending"], "pending"),
+    (["queued", "pending"], "queued"),
+    (["running", "pending"], "running"),
+    (["dispatched", "pending"], "running"),
+    (["succeeded", "queued"], "running"),      # between stages: the run is under way
+    (["succeeded", "pending"], "running"),
+    (["succeeded", "succeeded"], "succeeded"),
+    (["failed", "pending"], "failed"),
+    (["succeeded", "cancelled"], "cancelled"),
+    (["failed", "cancelled"], "failed"),       # the failure is the news
+    (["cancelling", "cancelled"], "running"),  # still stopping
+    (["failed", "running"], "running"),        # another stage still runs
+])
+def test_overall_status_table(statuses, overall):
+    assert overall_status(statuses) == overall
+
+
+def test_run_status_follows_every_transition_of_its_stages(db, user):
+    """Walk a two-stage run through start, failure, retry and success with `transition()`
+    only; after each step the run's status is what `overall_status` says of its jobs, and a
+    finished run has finished_at (cleared again when a retry reopens it)."""
+    run = Run(id=new_id("run"), name="r", owner_id=user.id, spec={}, status="pending")
+    db.add(run)
+    db.flush()
+    a = create_job(db, user, JobCreate(type=JobType.probe, name="r: a"), run_id=run.id,
+                   run_stage="prepare")
+    b = create_job(db, user, JobCreate(type=JobType.probe, name="r: b"), run_id=run.id,
+                   run_stage="train")
+
+    def step(job, new, want):
+        transition(db, job, S(new))
+        db.flush()
+        r = get_run(db, run.id)
+        assert r.status == want, (job.run_stage, new, r.status)
+        assert (r.finished_at is not None) == (want in ("succeeded", "failed", "cancelled"))
+
+    assert {a.status, b.status} == {"queued"}
+    step(a, "dispatched", "running")
+    step(a, "running", "running")
+    step(a, "failed", "failed")
+    step(a, "queued", "queued")        # retry reopens the run
+    step(a, "dispatched", "running")
+    step(a, "running", "running")
+    step(a, "succeeded", "running")    # b still to do
+    step(b, "dispatched", "running")
+    step(b, "running", "running")
+    step(b, "succeeded", "succeeded")
