@@ -30,5 +30,10 @@ class PrepareParams(BaseModel):
     # always anchors (the generation-prompt header is then never trained, even when a
     # training template's generation block starts before the end of that header).
     mask_method: Literal["auto", "anchors"] = "auto"
+    # A dataset from the generate stage (meta.generation, same template setup) with its
+    # token_ids.parquet: rows of generated turns are the target's prompt + completion ids
+    # exactly (workers/stages/prepare/tokenrows.py); false re-renders and re-tokenizes the
+    # text, as for other datasets.
+    use_token_ids: bool = True
     records_per_task: int = Field(256, ge=1)   # records per worker task (batch-encoded together)
     max_samples: int | None = Field(None, ge=1)  # the first max_samples records

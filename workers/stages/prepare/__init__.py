@@ -6,9 +6,13 @@
     params  PrepareParams (params.py)
     output  artifact "tokenized" (kind `tokenized`), layout in writer.py
 
-Every record either becomes one row whose mask passed the self-check, or one line of
-`rejects.jsonl` with a stable reason (needs_generate, template_error, mask_locate_failed,
-self_check_failed, empty_turns, too_long, too_few_valid_tokens). A template that does not
+Every record either becomes rows or one line of `rejects.jsonl` with a stable reason
+(needs_generate, template_error, mask_locate_failed, self_check_failed, empty_turns, too_long,
+too_few_valid_tokens, token_ids_mismatch). A record the generate stage answered, in a dataset
+generated with this template setup, becomes rows of the token ids the target was given and
+produced (tokenrows.py: one row, or one per generated turn whose context the template did not
+keep); any other record becomes one row of the rendered text whose mask passed the
+self-check (masks.py). The meta counts the rows of each kind. A template that does not
 compile fails the job at once (`template_error`, with the Jinja message and line); a dataset
 generated with another template or other template kwargs is refused (`template_mismatch`);
 more than `max_reject_share` rejected fails the job (`too_many_rejects`).
@@ -38,8 +42,15 @@ from workers.stages.prepare.masks import (
 )
 from workers.stages.kernel import input_error, parse_params, publish, require_input
 from workers.stages.prepare.params import PrepareParams
-from workers.stages.prepare.pool import ChunkResult, MaskerConfig, adopt_masker, run_chunks
+from workers.stages.prepare.pool import (
+    STAT_KEYS,
+    ChunkResult,
+    MaskerConfig,
+    adopt_masker,
+    run_chunks,
+)
 from workers.stages.prepare.spans import RecordRejected
+from workers.stages.prepare.tokenrows import TOKEN_IDS_FILE, TURNS_KEY, TokenIndex
 from workers.stages.prepare.templates import check_template, resolve_template_text, template_sha256
 from workers.stages.prepare.vocab import (
     TokenCounter,
@@ -84,11 +95,12 @@ def resolve_setup(target: dict, params: PrepareParams):
 
 
 def _check_generation_meta(meta: dict, sha: str, kwargs: dict, params: PrepareParams,
-                           ctx: StageContext) -> None:
-    """A dataset from the generate stage must be rendered as it was generated."""
+                           ctx: StageContext) -> bool:
+    """A dataset from the generate stage must be rendered as it was generated. True when
+    the dataset was generated with this template setup."""
     gen = (meta or {}).get("generation")
     if not gen:
-        return
+        return False
     problems = []
     if gen.get("chat_template_sha256") and gen["chat_template_sha256"] != sha:
         problems.append(f"chat template sha256 {gen['chat_template_sha256'][:12]}... at "
@@ -97,15 +109,31 @@ def _check_generation_meta(meta: dict, sha: str, kwargs: dict, params: PreparePa
         problems.append(f"chat_template_kwargs {gen.get('chat_template_kwargs')} at generation, "
                         f"{kwargs} here")
     if not problems:
-        return
+        return True
     msg = "the dataset was generated with another template setup: " + "; ".join(problems)
     if not params.allow_template_mismatch:
         raise StageError("template_mismatch", msg + " (params.allow_template_mismatch=true "
                          "to prepare anyway)", details={"problems": problems})
-    ctx.warning(msg)
+    ctx.warning(msg + "; the text is re-rendered with this setup, the generated token ids "
+                "are not used")
+    return False
 
 
-def _chunks(folder: str, per_task: int, limit: int | None):
+def _token_index(dataset: dict, same_setup: bool, params: PrepareParams) -> TokenIndex | None:
+    """The generated turns' token ids, when rows are to be built from them."""
+    meta = dataset.get("meta") or {}
+    name = (meta.get("files") or {}).get("token_ids") or TOKEN_IDS_FILE
+    path = Path(dataset["path"]) / name
+    if not (params.use_token_ids and same_setup and path.is_file()):
+        return None
+    try:
+        return TokenIndex.load(path)
+    except (OSError, ValueError) as e:
+        raise input_error("inputs.dataset.path", f"cannot read the generated token ids "
+                          f"{path}: {e}") from None
+
+
+def _chunks(folder: str, per_task: int, limit: int | None, tokens: TokenIndex | None):
     it = iter_records(folder, batch_rows=max(per_task, 256))
     if limit is not None:
         it = islice(it, limit)
@@ -113,6 +141,11 @@ def _chunks(folder: str, per_task: int, limit: int | None):
         chunk = list(islice(it, per_task))
         if not chunk:
             return
+        if tokens is not None:
+            for rec in chunk:
+                turns = tokens.turns(str(rec["id"]))
+                if turns:
+                    rec[TURNS_KEY] = turns
         yield chunk
 
 
@@ -126,7 +159,8 @@ def run(spec: dict, ctx: StageContext) -> dict:
 
     tokenizer, tok_path, text, kwargs = resolve_setup(target, params)
     sha = template_sha256(text)
-    _check_generation_meta(dataset.get("meta") or {}, sha, kwargs, params, ctx)
+    same_setup = _check_generation_meta(dataset.get("meta") or {}, sha, kwargs, params, ctx)
+    tokens = _token_index(dataset, same_setup, params)
 
     now = datetime.now(timezone.utc).replace(microsecond=0)
     eos_ids = generation_eos_ids(target.get("path"))
@@ -152,8 +186,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
     template_errors: Counter = Counter()
     counter = TokenCounter(max(len(tokenizer), target_vocab_size(target.get("config"), 0)))
     lengths: list[np.ndarray] = []
-    agg = {"done": 0, "masked": 0, "truncated": 0, "boundary_splits": 0,
-           "turns_without_end_token": 0, "turns_skipped_empty": 0}
+    agg = {"done": 0, "masked": 0, "truncated": 0, **dict.fromkeys(STAT_KEYS, 0)}
 
     def on_result(res: ChunkResult) -> None:
         writer.write(res.batch)
@@ -173,8 +206,8 @@ def run(spec: dict, ctx: StageContext) -> dict:
     ctx.progress(0, total, "records", stage="prepare", force=True)
     t_work = time.perf_counter()
     try:
-        run_chunks(cfg, _chunks(dataset["path"], params.records_per_task, params.max_samples),
-                   workers, on_result)
+        run_chunks(cfg, _chunks(dataset["path"], params.records_per_task, params.max_samples,
+                                tokens), workers, on_result)
     except BaseException:
         writer.abort()
         raise
@@ -182,7 +215,8 @@ def run(spec: dict, ctx: StageContext) -> dict:
         rejects.close()
 
     n_rej, n_rows = rejects.count, writer.num_rows
-    share = n_rej / max(1, n_rows + n_rej)
+    # by records: a record of generated turns may give several rows
+    share = n_rej / max(1, agg["done"])
     summary_rej = {"num_rejected": n_rej, "rejected_by_reason": dict(rejects.by_reason),
                    "rejected_sample": rejects.sample[:5]}
     details = {**summary_rej, **rejects.summary()}
@@ -193,7 +227,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
     if share > params.max_reject_share:
         writer.abort()
         raise StageError("too_many_rejects",
-                         f"{n_rej} of {n_rows + n_rej} records rejected ({share:.0%} > "
+                         f"{n_rej} of {agg['done']} records rejected ({share:.0%} > "
                          f"max_reject_share {params.max_reject_share:.0%}): "
                          f"{dict(rejects.by_reason)}; first: " +
                          ", ".join(f"{f['id']} ({f['reason']})" for f in rejects.sample[:5]),
@@ -214,6 +248,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
     lens = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     meta = {
         "num_rows": n_rows,
+        "num_records_kept": agg["done"] - n_rej,  # rows come from these records
         "num_tokens": int(lens.sum()),
         "num_masked_tokens": agg["masked"],
         **summary_rej,
@@ -222,7 +257,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
                                        key=lambda kv: -kv[1])[:20]),
         "self_check_failures": rejects.by_reason.get("self_check_failed", 0),
         "self_check_failure_rate": rejects.by_reason.get("self_check_failed", 0)
-        / max(1, n_rows + n_rej),
+        / max(1, agg["done"]),
         "num_truncated": agg["truncated"],
         "seq_length": params.seq_length,
         "length_policy": params.length_policy,
@@ -234,6 +269,13 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "turns_without_end_token": agg["turns_without_end_token"],
         "turns_skipped_empty": agg["turns_skipped_empty"],
         "boundary_splits": agg["boundary_splits"],
+        # rows built from the generated token ids vs from the rendered text (tokenrows.py)
+        "rows_from_token_ids": agg["rows_from_token_ids"],
+        "rows_from_text": agg["rows_from_text"],
+        "token_rows_dropped_by_length": agg["token_rows_dropped_by_length"],
+        "token_ids": {"used": tokens is not None,
+                      "records": len(tokens) if tokens is not None else 0,
+                      "turns": tokens.num_turns if tokens is not None else 0},
         "chat_template_sha256": sha,
         "chat_template_kwargs": kwargs,
         "render_time": now.isoformat(),

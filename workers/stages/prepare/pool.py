@@ -19,8 +19,16 @@ from datetime import datetime
 import numpy as np
 import pyarrow as pa
 
-from workers.stages.prepare.masks import Masker, build_masker, load_tokenizer, tokenize_batch
+from workers.stages.prepare.masks import (
+    Encoded,
+    Masker,
+    apply_length,
+    build_masker,
+    load_tokenizer,
+    tokenize_batch,
+)
 from workers.stages.prepare.spans import RecordRejected
+from workers.stages.prepare.tokenrows import TURNS_KEY, encode_token_turns
 from workers.stages.prepare.vocab import chunk_frequencies
 from workers.stages.prepare.writer import rows_to_batch
 
@@ -56,11 +64,8 @@ class ChunkResult:
     lengths: np.ndarray                            # seq_len of the kept rows
     masked: int
     truncated: int
+    n_records: int                                 # records in the chunk (kept + rejected)
     stats: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def n_records(self) -> int:
-        return self.batch.num_rows + len(self.rejects)
 
 
 _WORKER: dict = {}
@@ -80,30 +85,70 @@ def adopt_masker(cfg: MaskerConfig, masker: Masker) -> None:
     _WORKER["cfg"] = cfg
 
 
+STAT_KEYS = ("boundary_splits", "turns_without_end_token", "turns_skipped_empty",
+             "rows_from_token_ids", "rows_from_text", "token_rows_dropped_by_length")
+
+
+def token_rows(cfg: MaskerConfig, record: dict) -> tuple[list[Encoded] | RecordRejected, int]:
+    """(the rows of a record that carries its generated turns' token ids (tokenrows.py) after
+    seq_length / length_policy per row, how many rows those dropped); rejected when no row is
+    left."""
+    try:
+        rows = encode_token_turns(record, record[TURNS_KEY], cfg.train_on)
+    except RecordRejected as e:
+        return e, 0
+    kept: list[Encoded] = []
+    last: RecordRejected | None = None
+    for row in rows:
+        try:
+            kept.append(apply_length(row, cfg.seq_length, cfg.length_policy,
+                                     cfg.min_valid_tokens))
+        except RecordRejected as e:
+            last = e
+    if last is not None and not kept:
+        return last, 0
+    return kept, len(rows) - len(kept)
+
+
 def process_chunk(records: list[dict]) -> ChunkResult:
     cfg: MaskerConfig = _WORKER["cfg"]
     masker: Masker = _WORKER["masker"]
-    results = tokenize_batch(masker, records, cfg.seq_length, cfg.length_policy,
-                             cfg.min_valid_tokens)
+    stats = dict.fromkeys(STAT_KEYS, 0)
+    text_recs = [r for r in records if not r.get(TURNS_KEY)]
+    text_out = iter(tokenize_batch(masker, text_recs, cfg.seq_length, cfg.length_policy,
+                                   cfg.min_valid_tokens) if text_recs else [])
+    results: list[list[Encoded] | RecordRejected] = []
+    for rec in records:
+        if rec.get(TURNS_KEY):
+            out, dropped = token_rows(cfg, rec)
+            if isinstance(out, list):
+                stats["rows_from_token_ids"] += len(out)
+                stats["token_rows_dropped_by_length"] += dropped
+            results.append(out)
+        else:
+            one = next(text_out)
+            if not isinstance(one, RecordRejected):
+                stats["rows_from_text"] += 1
+            results.append(one if isinstance(one, RecordRejected) else [one])
     ids, input_ids, masks, rejects = [], [], [], []
-    stats = {"boundary_splits": 0, "turns_without_end_token": 0, "turns_skipped_empty": 0}
     truncated = 0
-    for rec, out in zip(records, results):
-        if isinstance(out, RecordRejected):
-            rejects.append((str(rec.get("id")), rec.get("source") or "", out.code, out.detail))
+    for rec, res in zip(records, results):
+        if isinstance(res, RecordRejected):
+            rejects.append((str(rec.get("id")), rec.get("source") or "", res.code, res.detail))
             continue
-        ids.append(str(rec.get("id")))
-        input_ids.append(out.input_ids)
-        masks.append(out.loss_mask)
-        truncated += out.truncated
-        stats["boundary_splits"] += out.boundary_splits
-        stats["turns_without_end_token"] += out.turns_without_end
-        stats["turns_skipped_empty"] += out.turns_skipped
+        for out in res:
+            ids.append(str(rec.get("id")))
+            input_ids.append(out.input_ids)
+            masks.append(out.loss_mask)
+            truncated += out.truncated
+            stats["boundary_splits"] += out.boundary_splits
+            stats["turns_without_end_token"] += out.turns_without_end
+            stats["turns_skipped_empty"] += out.turns_skipped
     f_ids, f_counts = chunk_frequencies(input_ids, masks)
     lengths = np.fromiter((len(x) for x in input_ids), dtype=np.int64, count=len(input_ids))
     masked = int(sum(int(m.sum()) for m in masks))
     return ChunkResult(rows_to_batch(ids, input_ids, masks), rejects, f_ids, f_counts, lengths,
-                       masked, truncated, stats)
+                       masked, truncated, len(records), stats)
 
 
 def run_chunks(cfg: MaskerConfig, chunks: Iterable[list[dict]], num_workers: int,
