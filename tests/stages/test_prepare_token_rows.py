@@ -229,6 +229,17 @@ def test_records_without_token_ids_keep_the_text_path(demo_target, generated, tm
     assert m2["rows_from_token_ids"] == 0 and m2["rows_from_text"] == len(rows2) == len(TOPICS)
 
 
+def test_parallel_token_rows_equal_serial(demo_target, generated, prepared, tmp_path):
+    """Determinism: two workers over small chunks write the serial run's rows and meta."""
+    folder, meta, _ = generated
+    (_, m1, rows1, _), _ = prepared
+    _, m2, rows2, _ = _prepare(tmp_path, demo_target, folder, meta, num_workers=2,
+                               records_per_task=3)
+    assert rows2 == rows1
+    for k in ("rows_from_token_ids", "rows_from_text", "num_tokens", "num_masked_tokens"):
+        assert m2[k] == m1[k]
+
+
 def test_length_policies_apply_to_token_rows(demo_target, generated, tmp_path):
     folder, meta, toks = generated
     shortest = min(len(t["prompt_ids"]) for t in toks.values())

@@ -1,12 +1,14 @@
 """The tokenized artifact on disk, in the layout `speculators train` reads.
 
 A folder that `datasets.load_from_disk` opens (HF `save_to_disk` layout, torch format set, as
-speculators' own `prepare-data` writes it) with one row per kept record:
+speculators' own `prepare-data` writes it) with one row per kept record, or, for a record the
+generate stage answered, one per generated turn whose context the template did not keep
+(tokenrows.py; the rows of a record are together, in input order):
 
-    input_ids  list<int64>   the rendered conversation's token ids
+    input_ids  list<int64>   the conversation's token ids (rendered, or the target's own)
     loss_mask  list<int64>   1 on the tokens the drafter learns (assistant output), else 0
     seq_len    int64         len(input_ids); speculators' ArrowDataset sorts/packs by it
-    id         string        the record id from the dataset
+    id         string        the record id from the dataset (not unique across rows)
 
 next to `token_freq.pt` (token id -> count over masked tokens, speculators'
 `save_token_frequency_distribution` format), `d2t-<N>.npy` / `t2d-<N>.npy` when a draft
