@@ -86,10 +86,11 @@ def _body(target, ds, *, steps: int, max_tokens: int, prompts: int) -> dict:
                       "drafter": {"num_anchors": 64}},
             # Prompts of the training distribution: the records generate answered, rendered
             # as generate rendered them. (The default, the tokenized rows, takes each row's
-            # unmasked prefix as the prompt; measured here: from 7 of 20 row prefixes the
-            # target's greedy answer differs from the row's trained answer, while generate's
-            # answers equal unbatched greedy decoding, 30 of 30 turns: the rows' prefixes
-            # are not always the contexts the answers were generated in.)
+            # unmasked prefix as the prompt. Measured here while prepare re-tokenized the
+            # text: from 7 of 20 row prefixes the target's greedy answer differed from the
+            # row's trained answer. Prepare now builds generated turns' rows from generate's
+            # own prompt and completion ids (prepare/tokenrows.py), so the prefixes are the
+            # contexts the answers were generated in: tests/stages/test_prepare_token_rows.py.)
             "evaluate": {"data": "@generate", "num_prompts": prompts,
                          "max_new_tokens": max_tokens, "baseline": "untrained"},
         },
