@@ -33,19 +33,23 @@ def _table(title: str, cols: tuple[str, ...], rows: list[list]) -> None:
     console.print(t)
 
 
-def _listing(fetch: Callable[[Client], dict], json_out: bool) -> tuple[list[dict], dict] | None:
-    """One page of a listing with user id -> name for its owner column; None once `--json`
-    has printed the page as it came."""
+def _list(fetch: Callable[[Client], list[dict]], json_out: bool, title: str,
+          cols: tuple[str, ...], row: Callable[[dict, dict[str, str]], list],
+          owners: bool = False) -> None:
+    """One listing: with `--json` the items as the API gave them, else a table of
+    `row(item, names)`; `names` (user id -> name) is read only for a table with an owner
+    column (`owners`)."""
     c = Client()
     try:
-        data = fetch(c)["data"]
-        if json_out:
-            print_json(data)
-            return None
-        return data, owner_names(c)
+        data = fetch(c)
+        names = owner_names(c) if owners and not json_out else {}
     except ApiError as e:
         fail(e)
-        return None  # not reached: fail() exits
+        return  # not reached: fail() exits
+    if json_out:
+        print_json(data)
+        return
+    _table(title, cols, [row(x, names) for x in data])
 
 
 def _size(n: int | None) -> str:
@@ -70,15 +74,13 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
     def targets_list(ctx: typer.Context, limit: int = 20, json_out: bool = JSON):
         if ctx.invoked_subcommand:
             return
-        got = _listing(lambda c: c.list_targets(limit), json_out)
-        if got is None:
-            return
-        data, names = got
-        _table("targets", ("id", "name", "owner", "architecture", "layers", "hidden", "vocab",
-                           "template", "path"),
-               [[t["id"], t["name"], names.get(t["owner"], t["owner"]), t.get("architecture"),
-                 t.get("num_layers"), t.get("hidden_size"), t.get("vocab_size"),
-                 "yes" if t.get("has_chat_template") else "no", t["path"]] for t in data])
+        _list(lambda c: c.list_targets(limit)["data"], json_out, "targets",
+              ("id", "name", "owner", "architecture", "layers", "hidden", "vocab", "template",
+               "path"),
+              lambda t, names: [t["id"], t["name"], names.get(t["owner"], t["owner"]),
+                                t.get("architecture"), t.get("num_layers"), t.get("hidden_size"),
+                                t.get("vocab_size"), "yes" if t.get("has_chat_template") else "no",
+                                t["path"]], owners=True)
 
     @targets.command("add")
     def targets_add(name: str, path: str = typer.Argument(..., help="a model folder on the "
@@ -99,15 +101,12 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
     def datasets_list(ctx: typer.Context, limit: int = 20, json_out: bool = JSON):
         if ctx.invoked_subcommand:
             return
-        got = _listing(lambda c: c.list_datasets(limit), json_out)
-        if got is None:
-            return
-        data, names = got
-        _table("datasets", ("id", "name", "owner", "status", "format", "records", "rejected",
-                            "prompt-only"),
-               [[d["id"], d["name"], names.get(d["owner"], d["owner"]), d["status"],
-                 d.get("format"), d.get("num_records"), d.get("num_rejected"),
-                 (d.get("stats") or {}).get("user_only")] for d in data])
+        _list(lambda c: c.list_datasets(limit)["data"], json_out, "datasets",
+              ("id", "name", "owner", "status", "format", "records", "rejected", "prompt-only"),
+              lambda d, names: [d["id"], d["name"], names.get(d["owner"], d["owner"]),
+                                d["status"], d.get("format"), d.get("num_records"),
+                                d.get("num_rejected"), (d.get("stats") or {}).get("user_only")],
+              owners=True)
 
     artifacts = _group(cli, "artifacts", "Artifacts: list them, pull one into a folder.")
 
@@ -116,15 +115,10 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
                        job_id: Optional[str] = None, limit: int = 20, json_out: bool = JSON):
         if ctx.invoked_subcommand:
             return
-        try:
-            data = Client().list_artifacts(kind, job_id, limit)["data"]
-        except ApiError as e:
-            fail(e)
-        if json_out:
-            return print_json(data)
-        _table("artifacts", ("id", "kind", "size", "files", "producer job", "inputs"),
-               [[a["id"], a["kind"], _size(a["bytes"]), len(a["files"]), a["producer_job"],
-                 ", ".join(a["inputs"])] for a in data])
+        _list(lambda c: c.list_artifacts(kind, job_id, limit)["data"], json_out, "artifacts",
+              ("id", "kind", "size", "files", "producer job", "inputs"),
+              lambda a, _: [a["id"], a["kind"], _size(a["bytes"]), len(a["files"]),
+                            a["producer_job"], ", ".join(a["inputs"])])
 
     @artifacts.command("pull")
     def artifacts_pull(artifact_id: str, dest: Path = typer.Argument(..., help="folder")):
@@ -148,14 +142,9 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
     def users_list(ctx: typer.Context, json_out: bool = JSON):
         if ctx.invoked_subcommand:
             return
-        try:
-            data = list(Client().iter_all("/v1/users"))
-        except ApiError as e:
-            fail(e)
-        if json_out:
-            return print_json(data)
-        _table("users", ("id", "name", "role", "created"),
-               [[u["id"], u["name"], u["role"], u.get("created_at")] for u in data])
+        _list(lambda c: list(c.iter_all("/v1/users")), json_out, "users",
+              ("id", "name", "role", "created"),
+              lambda u, _: [u["id"], u["name"], u["role"], u.get("created_at")])
 
     @users.command("add")
     def users_add(name: str, role: str = typer.Option("member", help="member|admin"),
@@ -176,15 +165,10 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
     def hooks_list(ctx: typer.Context, json_out: bool = JSON):
         if ctx.invoked_subcommand:
             return
-        try:
-            data = Client().list_webhooks(100)["data"]
-        except ApiError as e:
-            fail(e)
-        if json_out:
-            return print_json(data)
-        _table("webhooks", ("id", "url", "events", "created"),
-               [[h["id"], h["url"], ", ".join(h.get("events") or []) or "all",
-                 h.get("created_at")] for h in data])
+        _list(lambda c: c.list_webhooks(100)["data"], json_out, "webhooks",
+              ("id", "url", "events", "created"),
+              lambda h, _: [h["id"], h["url"], ", ".join(h.get("events") or []) or "all",
+                            h.get("created_at")])
 
     @hooks.command("add")
     def hooks_add(url: str, event: Optional[list[str]] = typer.Option(
