@@ -42,6 +42,10 @@ SCHEMA = pa.schema([
     ("tools", pa.string()),
 ])
 DATA_FILE = "data.parquet"
+# Beside it in a dataset the generate stage wrote: per generated turn, the prompt ids the
+# target was given and the completion ids it returned (generate/shards.py writes it,
+# prepare/tokenrows.py builds rows from it).
+TOKEN_IDS_FILE = "token_ids.parquet"
 
 
 def _norm_message(m: dict) -> dict:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.stages.conftest import target_input
+from tests.stages.test_extract_hf import run_stage
 from tests.stages.train_support import LAYER_IDS
 from tests.stages.vllm_cpu.support import (
     MEMORY_UTILIZATION,
@@ -27,7 +28,7 @@ from tests.stages.vllm_cpu.support import (
     report,
     vllm_venv,
 )
-from workers.stages.common import StageContext, StageError
+from workers.stages.common import StageError
 
 # vLLM starts in minutes on two shared cores: far past the suite's 600 s per test.
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.timeout(3600)]
@@ -49,16 +50,6 @@ def _spec(vllm_train_data, tmp_path: Path) -> dict:
             "events_path": str(tmp_path / "events.jsonl")}
 
 
-def _run(spec: dict) -> dict:
-    from workers.stages.extract import run
-
-    ctx = StageContext.from_spec(spec)
-    try:
-        return run(spec, ctx)
-    finally:
-        ctx.close()
-
-
 def test_extract_with_vllm(vllm_train_data, tmp_path):
     from safetensors.torch import load_file
 
@@ -66,7 +57,7 @@ def test_extract_with_vllm(vllm_train_data, tmp_path):
     if not on_gpu():
         t0 = time.monotonic()
         with pytest.raises(StageError) as e:
-            _run(spec)
+            run_stage(spec)
         assert e.value.code == "backend_unavailable" and "vllm-cpu" in e.value.message
         assert "pinned memory" in e.value.message and e.value.details == {"field": "backend"}
         # Up front: no server was started, nothing was written.
@@ -76,7 +67,7 @@ def test_extract_with_vllm(vllm_train_data, tmp_path):
         report("extract_vllm_cpu_refused", message=e.value.message)
         return
 
-    summary = _run(spec)
+    summary, _ = run_stage(spec)
     assert summary["backend"] == "vllm" and summary["samples"] == N
     out, ref = Path(spec["out_dir"]) / "hidden_states", vllm_train_data[2]
     worst = 0.0

@@ -24,7 +24,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from workers.stages.kernel import ShardSet
-from workers.stages.records import MESSAGE_TYPE, DatasetWriter, from_row, to_row
+from workers.stages.records import (
+    MESSAGE_TYPE,
+    TOKEN_IDS_FILE,
+    DatasetWriter,
+    from_row,
+    to_row,
+)
 
 TURN_TYPE = pa.struct([
     ("turn", pa.int32()),  # index of the assistant message in the output record
@@ -42,7 +48,6 @@ SHARD_SCHEMA = pa.schema([
     ("failure_detail", pa.string()),
     ("turns", pa.list_(TURN_TYPE)),
 ])
-TOKEN_IDS_FILE = "token_ids.parquet"
 TOKEN_IDS_SCHEMA = pa.schema([
     ("id", pa.string()),
     ("turn", pa.int32()),

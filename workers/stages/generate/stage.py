@@ -30,13 +30,12 @@ from workers.stages.generate.render import PromptRenderer
 from workers.stages.generate.runner import Runner, RunState, check_failure_budget
 from workers.stages.generate.shards import (
     FAILURES_FILE,
-    TOKEN_IDS_FILE,
     ShardStore,
     assemble,
     fingerprint_of,
 )
 from workers.stages.kernel import input_error, parse_params, publish, require_input
-from workers.stages.records import DATA_FILE, iter_records
+from workers.stages.records import DATA_FILE, TOKEN_IDS_FILE, iter_records
 
 ARTIFACT = "dataset"
 TEMPLATE_FILE = "chat_template.jinja"

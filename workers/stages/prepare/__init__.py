@@ -50,7 +50,7 @@ from workers.stages.prepare.pool import (
     run_chunks,
 )
 from workers.stages.prepare.spans import RecordRejected
-from workers.stages.prepare.tokenrows import TOKEN_IDS_FILE, TURNS_KEY, TokenIndex
+from workers.stages.prepare.tokenrows import TURNS_KEY, TokenIndex
 from workers.stages.prepare.templates import check_template, resolve_template_text, template_sha256
 from workers.stages.prepare.vocab import (
     TokenCounter,
@@ -59,7 +59,7 @@ from workers.stages.prepare.vocab import (
     target_vocab_size,
 )
 from workers.stages.prepare.writer import TokenizedWriter, length_percentiles
-from workers.stages.records import count_records, iter_records
+from workers.stages.records import TOKEN_IDS_FILE, count_records, iter_records
 
 __all__ = ["run", "tokenize_record", "tokenize_batch", "check_template", "build_masker",
            "RecordRejected", "template_sha256", "resolve_setup", "Masker"]

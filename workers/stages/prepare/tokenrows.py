@@ -43,7 +43,6 @@ import pyarrow.parquet as pq
 from workers.stages.prepare.masks import Encoded
 from workers.stages.prepare.spans import RecordRejected
 
-TOKEN_IDS_FILE = "token_ids.parquet"  # the generate stage's name (generate/shards.py)
 COLUMNS = ("id", "turn", "prompt_ids", "completion_ids")
 TURNS_KEY = "_token_turns"  # where a chunk's record carries its turns to a worker
 
