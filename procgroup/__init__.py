@@ -126,8 +126,11 @@ def group_alive(pgid: int) -> bool:
         return True
 
 
-def kill_group(pgid: int, grace_s: float, leader: subprocess.Popen | None = None) -> None:
-    """SIGTERM the whole group, then SIGKILL what is left after grace_s."""
+def kill_group(pgid: int, grace_s: float, leader: subprocess.Popen | None = None,
+               kill_wait_s: float = 5.0) -> None:
+    """SIGTERM the whole group, then SIGKILL what is left after grace_s, and wait (up to
+    kill_wait_s) until it is gone: SIGKILL is delivered asynchronously, and a caller that
+    goes on to requeue the job must not find the old attempt still running."""
     signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
@@ -137,6 +140,13 @@ def kill_group(pgid: int, grace_s: float, leader: subprocess.Popen | None = None
             return
         time.sleep(0.1)
     signal_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + kill_wait_s
+    while time.monotonic() < deadline:
+        if leader is not None:
+            leader.poll()
+        if not group_alive(pgid):
+            return
+        time.sleep(0.02)
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
