@@ -13,6 +13,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
+from tests.service.test_api_fuzz import cleanup_created, is_json
+
 pytestmark = pytest.mark.slow
 MAX_EXAMPLES = 25
 SEEN: Counter = Counter()
@@ -35,24 +37,6 @@ def _report():
     print(f"\nschemathesis: {sum(v for k, v in SEEN.items() if k != '5xx')} cases over "
           f"{len(SEEN) - ('5xx' in SEEN)} operations, {SEEN.get('5xx', 0)} server errors",
           file=sys.stderr)
-
-
-def _is_json(r) -> bool:
-    v = r.headers.get("content-type") or ""  # schemathesis keeps a list per header
-    return (v[0] if isinstance(v, list) and v else str(v)).startswith("application/json")
-
-
-def _cleanup(api, r) -> None:
-    """A generated body that happened to be valid made something real: take it back, so no
-    queued probe holds a CPU slot for the rest of the session."""
-    if r.status_code in (200, 201) and _is_json(r) and isinstance(body := r.json(), dict):
-        rid = str(body.get("id") or "")
-        if rid.startswith("job_"):
-            api.post(f"/v1/jobs/{rid}/cancel")
-        elif rid.startswith("run_"):
-            api.post(f"/v1/runs/{rid}/cancel")
-        if body.get("job_id"):
-            api.post(f"/v1/jobs/{body['job_id']}/cancel")
 
 
 def test_the_schema_is_the_servers(server):
@@ -78,9 +62,9 @@ def test_no_server_errors(label, api):
             SEEN["5xx"] += 1
         try:
             assert r.status_code < 500, (label, r.status_code, r.text[:500])
-            if r.status_code >= 400 and _is_json(r):
+            if r.status_code >= 400 and is_json(r):
                 assert set(r.json()["error"]) == {"code", "message", "param", "details"}, r.text
         finally:
-            _cleanup(api, r)
+            cleanup_created(api, r)
 
     run()
