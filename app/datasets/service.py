@@ -28,7 +28,7 @@ from app.jobs.states import TERMINAL
 from app.models import Artifact, Dataset, Job
 
 FORMATS = ("auto", "openai", "sharegpt", "alpaca", "openorca", "oasst", "ultrachat", "magicoder",
-           "evol_codealpaca", "prompt")
+           "evol_codealpaca", "prompt", "oasst_flat")
 SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".parquet", ".gz", ".zst")
 
 
