@@ -79,7 +79,8 @@ def _run_plan(s, target: dict, dataset: dict | None, body: RunSpec,
     spec = {"type": "plan", "inputs": {"target": target, "dataset": dataset},
             "params": {"run": body.model_dump(mode="json"), "sample": body.plan_sample,
                        "disk_path": str(s.artifacts_dir),
-                       "free_bytes_override": free_bytes_override},
+                       "free_bytes_override": free_bytes_override,
+                       "rates": s.plan_rates},
             "out_dir": str(work / "out"), "work_dir": str(work / "work"),
             "events_path": str(work / "events.jsonl")}
     (work / "spec.json").write_text(json.dumps(spec, default=str))
