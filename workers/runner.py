@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import unit_of_work, utcnow
+from app.core.db import db_now, unit_of_work
 from app.jobs.inputs import Unresolved, resolve
 from app.jobs.logs import read_tail
 from app.jobs.service import (add_event, cas_status, release_gpus, requeue_preempted,
@@ -39,7 +39,7 @@ def claim(job_id: str, node: str) -> bool:
             return False
         if job.gpus_requested and job.node != node:
             return False
-        now = utcnow()
+        now = db_now(s)
         # preempt_by=None: a request to yield was for the attempt before this one.
         return cas_status(s, job_id, S.dispatched, S.running, started_at=now, heartbeat_at=now,
                           node=node, worker=f"{socket.gethostname()}:{os.getpid()}",

@@ -25,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.core.config import get_settings
-from app.core.db import unit_of_work, utcnow
+from app.core.db import db_now, unit_of_work, utcnow
 from app.jobs.service import add_event
 from app.models import Job
 from app.scheduler.reaper import give_up_s
@@ -233,7 +233,7 @@ class Supervisor:
                     return LOST  # another attempt's events and heartbeat are not ours to write
                 for ev in lines:
                     self._apply(s, job, ev)
-                job.heartbeat_at = utcnow()
+                job.heartbeat_at = db_now(s)
         except BaseException:
             del self.artifacts[n_arts:]  # read again on the next try
             raise
