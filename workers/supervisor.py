@@ -113,6 +113,7 @@ class Supervisor:
         env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
         env["PYTHONUNBUFFERED"] = "1"
         env["DRAFTYARD_JOB_ID"] = self.job_id
+        env["TMPDIR"] = str(self.spec_path.parent)  # node-local scratch (workers/runner.py)
         env[PARENT_ENV] = str(os.getpid())  # the stage dies when this process does
         logf = open(self.job_dir / "log.txt", "ab")  # noqa: SIM115 (kept by the child)
         logf.write(f"--- {utcnow().isoformat()} stage {self.type} starting "
