@@ -65,7 +65,7 @@ def db_now(session: Session, force: bool = False) -> datetime:
         return utcnow()
     before = local_now()
     # clock_timestamp(): the time now, not the transaction's start (now()).
-    db = session.execute(text("SELECT clock_timestamp()")).scalar_one()
+    db: datetime = session.execute(text("SELECT clock_timestamp()")).scalar_one()
     after = local_now()
     if db.tzinfo is None:
         db = db.replace(tzinfo=timezone.utc)
