@@ -62,18 +62,21 @@ def needed_by(session: Session, art_ids: Iterable[str], extra: Iterable[str] = (
                            .order_by(Job.created_at)).all()
     refs = {r.id: _refs(list((r.inputs or {}).values()), set()) if r.type != "ingest" else set()
             for r in rows}
-    named = set().union(*refs.values()) if refs else set()
+    named: set[str] = set().union(*refs.values()) if refs else set()
     # What each named job or dataset stands for (only the ones some live job names).
-    outputs = {j: set(o or []) for j, o in session.execute(
-        select(Job.id, Job.outputs).where(Job.id.in_([x for x in named if x.startswith("job_")])))}
-    ds_art = dict(session.execute(select(Dataset.id, Dataset.artifact_id).where(
-        Dataset.id.in_([x for x in named if x.startswith("ds_")]))).all())
+    outputs: dict[str, set[str]] = {}
+    for row in session.execute(select(Job.id, Job.outputs).where(
+            Job.id.in_([x for x in named if x.startswith("job_")]))):
+        outputs[row.id] = {str(x) for x in (row.outputs or [])}
+    ds_art: dict[str, str] = {d: a for d, a in session.execute(
+        select(Dataset.id, Dataset.artifact_id).where(
+            Dataset.id.in_([x for x in named if x.startswith("ds_")]))) if a}
     users = []
     for job_id, rs in refs.items():
         stands_for = set(rs)
         for x in rs:
             stands_for |= outputs.get(x, set())
-            if ds_art.get(x):
+            if x in ds_art:
                 stands_for.add(ds_art[x])
         if stands_for & (want | names):
             users.append(job_id)
