@@ -10,6 +10,8 @@ from fastapi import FastAPI
 
 from app.artifacts.routes import router as artifacts
 from app.cluster.routes import router as cluster
+from app.cluster.shared import announce
+from app.core.config import get_settings
 from app.core.errors import ERROR_RESPONSES, install_handlers
 from app.core.jsonresp import SafeJSONResponse
 from app.core.middleware import BodyLimitMiddleware, RequestIdMiddleware
@@ -42,6 +44,7 @@ def create_app() -> FastAPI:
     async def lifespan(_app: FastAPI):
         # The webhook outbox is sent from the API process; pending deliveries are in the DB,
         # so a restarted API picks up where the last one stopped.
+        announce(get_settings())  # the shared folder's marker (app/cluster/shared.py)
         # Lost jobs are reaped here too while no worker is alive to do it (issue 26 item 4).
         sender, reaper = Sender(), ApiReaper()
         sender.start()

@@ -1,14 +1,14 @@
 """storage (issue 23): artifact tombstones, a job's keep policy, disk reservation and scratch size
 
 Revision ID: t23a_storage
-Revises: t16a_preempt_webhooks
+Revises: m25_deployment
 """
 from alembic import op
 import sqlalchemy as sa
 
 
 revision = 't23a_storage'
-down_revision = 't16a_preempt_webhooks'
+down_revision = 'm25_deployment'
 branch_labels = None
 depends_on = None
 
