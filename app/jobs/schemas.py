@@ -14,6 +14,7 @@ from contracts.bounds import JsonObject
 class JobType(StrEnum):
     ingest = "ingest"
     mix = "mix"
+    split = "split"
     generate = "generate"
     prepare = "prepare"
     extract = "extract"
