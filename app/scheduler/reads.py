@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import is_sqlite, utcnow
+from app.core.db import db_now, is_sqlite
 from app.jobs import catalog
 from app.jobs.states import ACTIVE
 from app.models import Gpu, GpuLease, Job, Node
@@ -79,7 +79,7 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
     """Nodes (schedulable = alive, heartbeat fresh, not draining) with their free GPUs, the
     free CPU slots, and the GPUs each owner holds now: one statement. Each node's `holders`
     are the jobs on its GPUs, with what preemption needs to know of them."""
-    cutoff = utcnow() - timedelta(seconds=get_settings().stale_after_s)
+    cutoff = db_now(session) - timedelta(seconds=get_settings().stale_after_s)
     cpu_busy = select(func.count()).select_from(Job).where(
         Job.gpus_requested == 0, Job.status.in_(ACTIVE)).scalar_subquery()
     states: dict[str, NodeState] = {}
