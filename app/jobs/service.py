@@ -23,6 +23,7 @@ from app.jobs.schemas import JobCreate
 from app.jobs.states import TERMINAL, IllegalTransition, JobStatus, check
 from app.models import Artifact, Dataset, Gpu, GpuLease, Job, JobEvent, Target, User
 from app.scheduler.preempt import recent
+from app.scheduler.reads import no_gpu_node_reason
 from contracts.inputs import STAGE_INPUTS
 
 S = JobStatus
@@ -207,6 +208,12 @@ def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: st
         queue_changed(session)  # its inputs may be done already: a pass promotes it
     else:
         transition(session, job, S.queued)
+    # A GPU job on a deployment with no node for it says so at once, not at the next
+    # scheduler pass (issue 27); the scheduler keeps the same reason while nothing changes.
+    why = no_gpu_node_reason(session, job.gpus_requested)
+    if why and job.status in (S.pending.value, S.queued.value):
+        job.pending_reason = why
+        add_event(session, job.id, "warning", {"message": why})
     return job
 
 
