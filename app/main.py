@@ -18,6 +18,7 @@ from app.health.routes import router as health
 from app.jobs.routes import router as jobs
 from app.plans.routes import router as plans
 from app.runs.routes import router as runs
+from app.scheduler.reaper import ApiReaper
 from app.targets.routes import router as targets
 from app.users.routes import router as users
 from app.webhooks.routes import router as webhooks
@@ -32,11 +33,14 @@ def create_app() -> FastAPI:
     async def lifespan(_app: FastAPI):
         # The webhook outbox is sent from the API process; pending deliveries are in the DB,
         # so a restarted API picks up where the last one stopped.
-        sender = Sender()
+        # Lost jobs are reaped here too while no worker is alive to do it (issue 26 item 4).
+        sender, reaper = Sender(), ApiReaper()
         sender.start()
+        reaper.start()
         try:
             yield
         finally:
+            reaper.stop()
             sender.stop()
 
     # docs_url/redoc_url off: FastAPI's pages load Swagger UI and ReDoc from a CDN; the

@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     webhook_backoff_max_s: float = 3600.0
     webhook_timeout_s: float = 10.0
     webhook_poll_s: float = 1.0
+    # Host names and addresses/CIDRs (comma-separated) webhooks may reach although they are
+    # internal (loopback, private, link-local...): a receiver on the team's network.
+    webhook_allowed_hosts: str = ""
     # CPU slots one user may hold while another user's CPU job waits (0: all but one).
     user_cpu_slots: int = 0
     log_level: str = "info"
