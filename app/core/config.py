@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     # A big job may be passed by smaller ones only for this long (aging bound).
     backfill_bound_s: float = 300.0
     cpu_slots: int = 2  # concurrent CPU (gpus=0) jobs per node
+    # Node-local scratch (issue 25): one folder per attempt with the stage's spec, events file
+    # and TMPDIR; nothing a retry on another node needs (that stays under home, the shared
+    # folder: app/cluster/shared.py). Empty: under the job's folder in home.
+    scratch_dir: Path | None = None
     # Preemption (issue 16): a job is preempted at most this often per hour, so a stream of
     # urgent jobs cannot keep one run restarting forever; a stage asked to yield gets this
     # long to checkpoint before SIGKILL.

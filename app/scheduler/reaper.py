@@ -24,7 +24,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import utcnow
+from app.core.db import db_now
 from app.jobs.service import release_gpus, transition
 from app.jobs.states import ACTIVE
 from app.jobs.states import JobStatus as S
@@ -48,7 +48,7 @@ def fence_s(settings=None) -> float:
 def reap(session: Session) -> list[str]:
     """Call under the scheduler lock. Returns the ids of the jobs it moved on."""
     s = get_settings()
-    now = utcnow()
+    now = db_now(session)
     cutoff = now - timedelta(seconds=s.stale_after_s)
     fenced = now - timedelta(seconds=fence_s(s))
     session.execute(update(Node).where(Node.last_heartbeat < cutoff, Node.alive.is_(True))
