@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     # A big job may be passed by smaller ones only for this long (aging bound).
     backfill_bound_s: float = 300.0
     cpu_slots: int = 2  # concurrent CPU (gpus=0) jobs per node
+    # Priority bands (issue 26 item 6): the highest priority a member's job may have unless an
+    # admin granted the user more (users.max_priority). The default priority itself: a
+    # member orders their own jobs below it but cannot preempt anyone's default-priority work.
+    member_max_priority: int = 50
     # Preemption (issue 16): a job is preempted at most this often per hour, so a stream of
     # urgent jobs cannot keep one run restarting forever; a stage asked to yield gets this
     # long to checkpoint before SIGKILL.

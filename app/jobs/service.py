@@ -22,6 +22,7 @@ from app.jobs.schemas import JobCreate
 from app.jobs.states import TERMINAL, IllegalTransition, JobStatus, check
 from app.models import Artifact, Dataset, Gpu, GpuLease, Job, JobEvent, Target, User
 from app.scheduler.preempt import recent
+from app.users.service import check_priority
 from contracts.inputs import STAGE_INPUTS
 
 S = JobStatus
@@ -171,8 +172,7 @@ def check_inputs(session: Session, type_: str, inputs: dict) -> list[str]:
 
 def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: str | None = None,
                run_stage: str | None = None, validate_params=None) -> Job:
-    if body.priority > 80 and not user.is_admin:
-        raise Forbidden("priority above 80 is for admins", param="priority", code="priority_admin_only")
+    check_priority(session, user, body.priority)
     preemptible = _preemptible(user, body.type.value, body.preemptible)
     if validate_params is not None:
         body.params = validate_params(body.type.value, body.params)

@@ -18,7 +18,7 @@ from app.main import create_app
 from app.models import Artifact, Dataset, Run, Target
 from app.runs.schemas import RunList, RunRead
 from app.runs.service import run_jobs, runs_read
-from app.targets.schemas import TargetRead
+from app.targets.schemas import TargetRead, TargetSummary
 from app.targets.service import target_read
 
 
@@ -49,9 +49,10 @@ def test_bodies_match_their_declared_models(db, user):
                    files=[{"path": "x", "bytes": 3}], inputs=[], meta={"name": "x"})
     db.add_all([t, ds, art])
     db.flush()
-    TargetRead.model_validate(jsonable_encoder(target_read(t)))
+    TargetRead.model_validate(jsonable_encoder(target_read(t, user)))
+    TargetSummary.model_validate(jsonable_encoder(target_read(t, user, whole=False)))
     DatasetRead.model_validate(jsonable_encoder(dataset_read(ds)))
-    ArtifactRead.model_validate(jsonable_encoder(artifact_read(art)))
+    ArtifactRead.model_validate(jsonable_encoder(artifact_read(art, user)))
 
 
 def test_openapi_names_the_read_models():
