@@ -15,11 +15,13 @@ from contracts.generate import GenerateParams
 from contracts.ingest import IngestParams
 from contracts.mix import MixParams
 from contracts.prepare import PrepareParams
+from contracts.split import SplitParams
 from contracts.train import TrainParams
 
 STAGE_PARAMS: dict[str, type[BaseModel]] = {
     "ingest": IngestParams,
     "mix": MixParams,
+    "split": SplitParams,
     "generate": GenerateParams,
     "prepare": PrepareParams,
     "extract": ExtractParams,

@@ -54,6 +54,10 @@ class MixInputs(_In):
     sources: list[MixSource] = Field(min_length=1, max_length=256)
 
 
+class SplitInputs(_In):
+    dataset: Ref
+
+
 class GenerateInputs(_In):
     dataset: Ref
     target: Ref
@@ -83,7 +87,7 @@ class EvaluateInputs(_In):
 
 
 STAGE_INPUTS: dict[str, type[BaseModel]] = {
-    "probe": ProbeInputs, "ingest": IngestInputs, "mix": MixInputs,
+    "probe": ProbeInputs, "ingest": IngestInputs, "mix": MixInputs, "split": SplitInputs,
     "generate": GenerateInputs, "prepare": PrepareInputs, "extract": ExtractInputs,
     "train": TrainInputs, "evaluate": EvaluateInputs,
 }

@@ -16,8 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import unit_of_work, utcnow
-from app.jobs.inputs import Unresolved, resolve
+from app.core.db import db_now, unit_of_work
+from app.jobs.inputs import InputDeleted, Unresolved, resolve
 from app.jobs.logs import read_tail
 from app.jobs.service import (add_event, cas_status, release_gpus, requeue_preempted,
                               transition)
@@ -39,7 +39,7 @@ def claim(job_id: str, node: str) -> bool:
             return False
         if job.gpus_requested and job.node != node:
             return False
-        now = utcnow()
+        now = db_now(s)
         # preempt_by=None: a request to yield was for the attempt before this one.
         return cas_status(s, job_id, S.dispatched, S.running, started_at=now, heartbeat_at=now,
                           node=node, worker=f"{socket.gethostname()}:{os.getpid()}",
@@ -60,6 +60,19 @@ def spec_roots() -> dict[str, list[str]]:
             "artifacts": [str(s.artifacts_dir.resolve())]}
 
 
+def scratch_dir(job_id: str, attempt: int) -> Path:
+    """This attempt's node-local folder (DRAFTYARD_SCRATCH_DIR, else under the job's folder):
+    its spec, events file and TMPDIR. Removed when the attempt ends; what a retry resumes
+    from is in the job's shared `work/` (app/cluster/shared.py says what lives where)."""
+    s = get_settings()
+    d = (s.scratch_dir / f"{job_id}-{attempt}" if s.scratch_dir
+         else s.jobs_dir / job_id / f"scratch-{attempt}")
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    return d
+
+
 def prepare_spec(job_id: str) -> tuple[Path, Path, list[int], str, int]:
     with unit_of_work() as s:
         job = s.get(Job, job_id)
@@ -70,12 +83,14 @@ def prepare_spec(job_id: str) -> tuple[Path, Path, list[int], str, int]:
         out_dir = jd / f"out-{job.attempt}"
         if out_dir.exists():
             shutil.rmtree(out_dir)
-        events = jd / f"events-{job.attempt}.jsonl"
+        scratch = scratch_dir(job_id, job.attempt)
+        events = scratch / "events.jsonl"
         spec = {"job_id": job.id, "type": job.type, "attempt": job.attempt,
                 "params": job.params, "inputs": resolved, "out_dir": str(out_dir),
-                "work_dir": str(jd / "work"), "events_path": str(events),
+                "work_dir": str(jd / "work"), "scratch_dir": str(scratch),
+                "events_path": str(events),
                 "gpus": gpus, "home": str(get_settings().home), "roots": spec_roots()}
-        spec_path = jd / "spec.json"
+        spec_path = scratch / "spec.json"
         spec_path.write_text(json.dumps(spec, indent=1, default=str))
         return spec_path, events, gpus, job.type, job.attempt
 
@@ -190,11 +205,12 @@ def run_job(job_id: str, node: str) -> str:
     out_dir = None
     attempt = None
     sup = None
+    spec_path = None
     try:
         spec_path, events, gpus, type_, attempt = retrying(
             lambda: prepare_spec(job_id), f"job {job_id}: spec", give_up_s())
         out_dir = Path(json.loads(spec_path.read_text())["out_dir"])
-        sup = Supervisor(job_id, type_, spec_path, spec_path.parent, events, gpus, attempt)
+        sup = Supervisor(job_id, type_, spec_path, _job_dir(job_id), events, gpus, attempt)
         sup.start()
         outcome = sup.watch()
         # The stage has ended: no process to fence, so keep trying to record its outcome
@@ -209,8 +225,13 @@ def run_job(job_id: str, node: str) -> str:
             job = s.get(Job, job_id, with_for_update=True)
             if attempt is None or _ours(job, attempt):
                 if job.status in (S.running.value, S.cancelling.value):
-                    transition(s, job, S.failed, error={"code": "worker_error",
-                                                        "message": f"{type(e).__name__}: {e}"})
+                    err = ({"code": "input_deleted", "message": str(e)}
+                           if isinstance(e, InputDeleted)
+                           else {"code": "worker_error", "message": f"{type(e).__name__}: {e}"})
+                    transition(s, job, S.failed, error=err)
                 release_gpus(s, job_id)
+    finally:
+        if spec_path is not None:  # the node-local scratch of this attempt
+            shutil.rmtree(spec_path.parent, ignore_errors=True)
     # No explicit nudge: the final transition wakes the scheduler (app/wiring.py).
     return "done"

@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     # admin granted the user more (users.max_priority). The default priority itself: a
     # member orders their own jobs below it but cannot preempt anyone's default-priority work.
     member_max_priority: int = 50
+    # Node-local scratch (issue 25): one folder per attempt with the stage's spec, events file
+    # and TMPDIR; nothing a retry on another node needs (that stays under home, the shared
+    # folder: app/cluster/shared.py). Empty: under the job's folder in home.
+    scratch_dir: Path | None = None
     # Preemption (issue 16): a job is preempted at most this often per hour, so a stream of
     # urgent jobs cannot keep one run restarting forever; a stage asked to yield gets this
     # long to checkpoint before SIGKILL.

@@ -41,7 +41,7 @@ def _labels() -> list[tuple[str, str]]:
     named = [(s.artifacts_dir, "artifacts"), (s.uploads_dir, "uploads"), (s.jobs_dir, "jobs"),
              *((r, "data") for r in s.roots("data")), *((r, "models") for r in s.roots("model")),
              (s.home, "home")]
-    out = {}
+    out: dict[str, str] = {}
     for p, label in named:
         for form in {str(p), str(Path(p).resolve())}:
             out.setdefault(form.rstrip("/"), label)

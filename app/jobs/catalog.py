@@ -9,6 +9,7 @@ INPUTS: dict[str, dict[str, tuple[str, ...]]] = {
     "probe": {},
     "ingest": {"source": ("upload", "path")},
     "mix": {"sources": ("dataset",)},
+    "split": {"dataset": ("dataset",)},
     "generate": {"dataset": ("dataset",), "target": ("target",)},
     "prepare": {"dataset": ("dataset",), "target": ("target",)},
     "extract": {"tokenized": ("tokenized",), "target": ("target",)},
@@ -21,6 +22,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "probe": (),
     "ingest": ("source",),
     "mix": ("sources",),
+    "split": ("dataset",),
     "generate": ("dataset", "target"),
     "prepare": ("dataset", "target"),
     "extract": ("tokenized", "target"),
@@ -28,7 +30,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "evaluate": ("target", "drafter", "data"),
 }
 STAGE_VERSIONS: dict[str, int] = {
-    "probe": 1, "ingest": 1, "mix": 1, "generate": 1, "prepare": 1, "extract": 1,
+    "probe": 1, "ingest": 1, "mix": 1, "split": 1, "generate": 1, "prepare": 1, "extract": 1,
     "train": 1, "evaluate": 1,
 }
 # Preemption (issue 16): a type may be preempted only if a requeued attempt continues from

@@ -14,6 +14,7 @@ from contracts.bounds import JsonObject
 class JobType(StrEnum):
     ingest = "ingest"
     mix = "mix"
+    split_ = "split"  # the name `split` would shadow str.split
     generate = "generate"
     prepare = "prepare"
     extract = "extract"

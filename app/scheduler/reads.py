@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import is_sqlite, utcnow
+from app.core.db import db_now, is_sqlite
 from app.jobs import catalog
 from app.jobs.states import ACTIVE
 from app.models import Gpu, GpuLease, Job, Node
@@ -79,7 +79,7 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
     """Nodes (schedulable = alive, heartbeat fresh, not draining) with their free GPUs, the
     free CPU slots, and the GPUs each owner holds now: one statement. Each node's `holders`
     are the jobs on its GPUs, with what preemption needs to know of them."""
-    cutoff = utcnow() - timedelta(seconds=get_settings().stale_after_s)
+    cutoff = db_now(session) - timedelta(seconds=get_settings().stale_after_s)
     cpu_busy = select(func.count()).select_from(Job).where(
         Job.gpus_requested == 0, Job.status.in_(ACTIVE)).scalar_subquery()
     states: dict[str, NodeState] = {}
@@ -117,6 +117,23 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
     if not states:
         busy = session.scalar(select(cpu_busy)) or 0
     return list(states.values()), max(0, cpu_total - busy), held
+
+
+def largest_gpu_node(session: Session) -> int:
+    """GPUs of the largest schedulable node (0: no node could run a GPU job now)."""
+    return max((n.total for n in node_states(session)[0] if n.schedulable), default=0)
+
+
+def no_gpu_node_reason(session: Session, gpus: int) -> str | None:
+    """Why a job asking for `gpus` cannot start on this deployment as it is (None: it can)."""
+    if gpus <= 0:
+        return None
+    top = largest_gpu_node(session)
+    if top >= gpus:
+        return None
+    return (f"needs {gpus} GPU(s) on one node; the largest schedulable node has {top}"
+            if top else "no schedulable node with GPUs is registered") + \
+        ": it waits until a worker with enough GPUs joins (draftyard worker --gpus ...)"
 
 
 def usage_by_owner(session: Session, now: datetime) -> dict[str, Usage]:

@@ -28,7 +28,7 @@ import httpx
 from sqlalchemy import or_, select, update
 
 from app.core.config import get_settings
-from app.core.db import unit_of_work, utcnow
+from app.core.db import db_now, unit_of_work, utcnow
 from app.models import Webhook, WebhookDelivery
 from app.webhooks import guard
 
@@ -48,8 +48,8 @@ def backoff_s(attempts: int) -> float:
 
 def _claim(limit: int) -> list[Any]:
     cfg = get_settings()
-    now = utcnow()
     with unit_of_work() as s:
+        now = db_now(s)
         D = WebhookDelivery
         rows = list(s.execute(
             select(D.id, D.body, D.event_id, D.event, D.attempts, Webhook.url, Webhook.secret)

@@ -2,7 +2,7 @@
 (priority bands granted by an admin) (issue 26)
 
 Revision ID: t26a_bounds_bands
-Revises: t16a_preempt_webhooks
+Revises: t23a_storage
 """
 import hashlib
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 
 revision = 't26a_bounds_bands'
-down_revision = 't16a_preempt_webhooks'
+down_revision = 't23a_storage'
 branch_labels = None
 depends_on = None
 

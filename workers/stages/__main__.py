@@ -15,7 +15,7 @@ import traceback
 from procgroup import watch_parent
 from workers.stages.common import StageContext, StageError, check_roots, read_spec
 
-STAGES = ("probe", "ingest", "mix", "generate", "prepare", "extract", "train", "evaluate",
+STAGES = ("probe", "ingest", "mix", "split", "generate", "prepare", "extract", "train", "evaluate",
           "plan")
 
 
