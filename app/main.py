@@ -9,6 +9,8 @@ from fastapi import FastAPI
 
 from app.artifacts.routes import router as artifacts
 from app.cluster.routes import router as cluster
+from app.cluster.shared import announce
+from app.core.config import get_settings
 from app.core.errors import ERROR_RESPONSES, install_handlers
 from app.core.jsonresp import SafeJSONResponse
 from app.core.middleware import BodyLimitMiddleware, RequestIdMiddleware
@@ -18,6 +20,7 @@ from app.health.routes import router as health
 from app.jobs.routes import router as jobs
 from app.plans.routes import router as plans
 from app.runs.routes import router as runs
+from app.scheduler.reaper import ApiReaper
 from app.targets.routes import router as targets
 from app.users.routes import router as users
 from app.webhooks.routes import router as webhooks
@@ -32,11 +35,15 @@ def create_app() -> FastAPI:
     async def lifespan(_app: FastAPI):
         # The webhook outbox is sent from the API process; pending deliveries are in the DB,
         # so a restarted API picks up where the last one stopped.
-        sender = Sender()
+        announce(get_settings())  # the shared folder's marker (app/cluster/shared.py)
+        # Lost jobs are reaped here too while no worker is alive to do it (issue 26 item 4).
+        sender, reaper = Sender(), ApiReaper()
         sender.start()
+        reaper.start()
         try:
             yield
         finally:
+            reaper.stop()
             sender.stop()
 
     # docs_url/redoc_url off: FastAPI's pages load Swagger UI and ReDoc from a CDN; the

@@ -30,6 +30,8 @@ class StageSpec(BaseModel):
     inputs: dict[str, Any] = Field(default_factory=dict)
     out_dir: str
     work_dir: str
+    # This attempt's node-local folder (its spec, events and TMPDIR): nothing a retry needs.
+    scratch_dir: str | None = None
     events_path: str | None = None
     gpus: list[int] = Field(default_factory=list)  # as leased; the stage sees them renumbered
     # The roots the stage checks its paths against again (workers/stages/common.check_roots);
@@ -37,12 +39,14 @@ class StageSpec(BaseModel):
     roots: dict[str, list[str]] | None = None
 
     @classmethod
-    def in_folder(cls, type_: str, folder: Path, *, attempt: int = 1, **fields: Any) -> StageSpec:
-        """The spec of one attempt in `folder`: `out-<attempt>/` (emptied by the caller before a
-        new attempt), `events-<attempt>.jsonl`, and `work/`, which attempts share."""
+    def in_folder(cls, type_: str, folder: Path, scratch: Path, *, attempt: int = 1,
+                  **fields: Any) -> StageSpec:
+        """The spec of one attempt of a job whose folder is `folder`: its artifacts in
+        `out-<attempt>/` (emptied by the caller before a new attempt), `work/` shared by the
+        attempts, and its events in `scratch`, the attempt's own folder."""
         return cls(type=type_, attempt=attempt, out_dir=str(folder / f"out-{attempt}"),
-                   work_dir=str(folder / "work"),
-                   events_path=str(folder / f"events-{attempt}.jsonl"), **fields)
+                   work_dir=str(folder / "work"), scratch_dir=str(scratch),
+                   events_path=str(scratch / "events.jsonl"), **fields)
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(self.model_dump(mode="json"), indent=1))

@@ -44,6 +44,9 @@ TEST_ENV = {
     "DRAFTYARD_DATA_ROOTS": str(_HOME / "data"),
     "DRAFTYARD_MODEL_ROOTS": str(_HOME / "models"),
     "OMP_NUM_THREADS": "1",
+    # The webhook receivers of the tests listen here (tests/service/receiver.py); every other
+    # internal address stays refused (issue 26 item 2).
+    "DRAFTYARD_WEBHOOK_ALLOWED_HOSTS": "127.0.0.2",
 }
 os.environ.update(TEST_ENV)
 (_HOME / "data").mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 
 def main() -> None:
@@ -15,9 +16,14 @@ def main() -> None:
     ap.add_argument("--loglevel", default="INFO")
     a = ap.parse_args()
     logging.basicConfig(level=a.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from workers.join import CannotJoin
     from workers.node import run_worker
 
-    run_worker(a.node, a.gpus, a.concurrency, a.loglevel)
+    try:
+        run_worker(a.node, a.gpus, a.concurrency, a.loglevel)
+    except CannotJoin as e:  # a message naming the mount or address, not a traceback
+        logging.getLogger("draftyard.node").error("%s", e)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

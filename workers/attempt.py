@@ -14,8 +14,9 @@ from contracts.spec import StageSpec
 class Attempt:
     job_id: str
     number: int
+    job_dir: Path         # shared: the job's log, work/, out-<n>/
     spec: StageSpec
-    spec_path: Path      # the spec as written, beside the job's log
+    spec_path: Path       # the spec as written, in the attempt's node-local scratch
     input_ids: list[str]  # the artifacts it reads: the lineage of what it publishes
 
     @property
@@ -24,7 +25,7 @@ class Attempt:
         return self.spec.type
 
     @property
-    def job_dir(self) -> Path:
+    def scratch(self) -> Path:
         return self.spec_path.parent
 
     @property

@@ -21,6 +21,7 @@ from app.scheduler.reaper import reap, requeue_node
 from app.scheduler.service import lock
 from procgroup import PARENT_ENV, group_alive, groups_where
 from workers.celery_app import app
+from workers.join import check_can_join
 
 log = logging.getLogger("draftyard.node")
 
@@ -107,6 +108,7 @@ def run_worker(node: str, gpus_decl: str | None, concurrency: int | None = None,
     gpus = parse_gpus(gpus_decl)
     if gpus is None:
         gpus = detect_gpus()
+    check_can_join(node)  # refuses to start (a message, exit 2) if this node cannot work
     kill_orphans(node)
     with unit_of_work() as sess:
         register_node(sess, node, gpus, hostname=platform.node(), cpu_slots=s.cpu_slots,

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import unit_of_work, utcnow
+from app.core.db import db_now, unit_of_work
 from app.jobs.inputs import resolve
 from app.jobs.logs import read_tail
 from app.jobs.service import add_event, cas_status, requeue_preempted, transition
@@ -39,7 +39,7 @@ def claim(job_id: str, node: str) -> bool:
             return False
         if job.gpus_requested and job.node != node:
             return False
-        now = utcnow()
+        now = db_now(s)
         # preempt_by=None: a request to yield was for the attempt before this one.
         return cas_status(s, job_id, S.dispatched, S.running, started_at=now, heartbeat_at=now,
                           node=node, worker=f"{socket.gethostname()}:{os.getpid()}",
@@ -60,6 +60,19 @@ def spec_roots() -> dict[str, list[str]]:
             "artifacts": [str(s.artifacts_dir.resolve())]}
 
 
+def scratch_dir(job_id: str, attempt: int) -> Path:
+    """This attempt's node-local folder (DRAFTYARD_SCRATCH_DIR, else under the job's folder):
+    its spec, events file and TMPDIR. Removed when the attempt ends; what a retry resumes
+    from is in the job's shared `work/` (app/cluster/shared.py says what lives where)."""
+    s = get_settings()
+    d = (s.scratch_dir / f"{job_id}-{attempt}" if s.scratch_dir
+         else s.jobs_dir / job_id / f"scratch-{attempt}")
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    return d
+
+
 def prepare_attempt(job_id: str) -> Attempt:
     """The claimed job's attempt: its inputs resolved (once), its GPUs, its spec written."""
     with unit_of_work() as s:
@@ -68,11 +81,12 @@ def prepare_attempt(job_id: str) -> Attempt:
         gpus = [g.index for g in s.scalars(select(Gpu).where(Gpu.job_id == job_id)
                                            .order_by(Gpu.index))]
         jd = _job_dir(job_id)
-        spec = StageSpec.in_folder(job.type, jd, attempt=job.attempt, job_id=job.id,
+        scratch = scratch_dir(job_id, job.attempt)
+        spec = StageSpec.in_folder(job.type, jd, scratch, attempt=job.attempt, job_id=job.id,
                                    params=job.params, inputs=resolved, gpus=gpus,
                                    roots=spec_roots())
         shutil.rmtree(spec.out_dir, ignore_errors=True)  # what a killed try left
-        return Attempt(job.id, job.attempt, spec, spec.write(jd / "spec.json"),
+        return Attempt(job.id, job.attempt, jd, spec, spec.write(scratch / "spec.json"),
                        _input_ids(resolved))
 
 
@@ -201,5 +215,8 @@ def run_job(job_id: str, node: str) -> str:
                 if job.status in (S.running.value, S.cancelling.value):
                     transition(s, job, S.failed, error={"code": "worker_error",
                                                         "message": f"{type(e).__name__}: {e}"})
+    finally:
+        if att is not None:  # the node-local scratch of this attempt
+            shutil.rmtree(att.scratch, ignore_errors=True)
     # No explicit nudge: the final transition wakes the scheduler (app/wiring.py).
     return "done"

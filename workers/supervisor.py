@@ -25,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.core.config import get_settings
-from app.core.db import unit_of_work, utcnow
+from app.core.db import db_now, unit_of_work, utcnow
 from app.jobs.service import add_event
 from app.models import Job
 from app.scheduler.reaper import give_up_s
@@ -113,6 +113,7 @@ class Supervisor:
         env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
         env["PYTHONUNBUFFERED"] = "1"
         env["DRAFTYARD_JOB_ID"] = self.job_id
+        env["TMPDIR"] = str(self.spec_path.parent)  # node-local scratch (workers/runner.py)
         env[PARENT_ENV] = str(os.getpid())  # the stage dies when this process does
         logf = open(self.job_dir / "log.txt", "ab")  # noqa: SIM115 (kept by the child)
         logf.write(f"--- {utcnow().isoformat()} stage {self.type} starting "
@@ -233,7 +234,7 @@ class Supervisor:
                     return LOST  # another attempt's events and heartbeat are not ours to write
                 for ev in lines:
                     self._apply(s, job, ev)
-                job.heartbeat_at = utcnow()
+                job.heartbeat_at = db_now(s)
         except BaseException:
             del self.artifacts[n_arts:]  # read again on the next try
             raise

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
 from app.core.config import get_settings
-from app.core.db import utcnow
+from app.core.db import db_now, utcnow
 from app.core.errors import Forbidden, NotFound
 from app.jobs.lifecycle import queue_changed
 from app.jobs.render import jobs_read
@@ -25,7 +25,7 @@ def register_node(session: Session, name: str, gpus: list[dict], *, hostname: st
         node = Node(name=name)
         session.add(node)
     node.hostname, node.cpu_slots, node.info = hostname, cpu_slots, info
-    node.alive, node.last_heartbeat = True, utcnow()
+    node.alive, node.last_heartbeat = True, db_now(session, force=True)
     session.flush()
     have = {g.index: g for g in session.scalars(select(Gpu).where(Gpu.node == name))}
     want = {int(g["index"]): g for g in gpus}
@@ -48,13 +48,13 @@ def mark_offline(session: Session, name: str) -> None:
 def heartbeat(session: Session, name: str) -> None:
     node = session.get(Node, name)
     if node is not None:
-        node.last_heartbeat = utcnow()
+        node.last_heartbeat = db_now(session)
         node.alive = True
 
 
 def first_live_node(session: Session) -> str | None:
     """The live node first by name: the one that reaps and refreshes queue reasons."""
-    cutoff = utcnow() - timedelta(seconds=get_settings().stale_after_s)
+    cutoff = db_now(session) - timedelta(seconds=get_settings().stale_after_s)
     return session.scalar(select(func.min(Node.name)).where(Node.alive.is_(True),
                                                             Node.last_heartbeat >= cutoff))
 
@@ -74,7 +74,7 @@ def set_drain(session: Session, user: Principal, name: str, draining: bool) -> N
 def nodes_view(session: Session) -> list[dict]:
     """Every registered node; `alive` means heartbeating within stale_after_s, `schedulable`
     alive and not draining (what the scheduler places jobs on)."""
-    cutoff = utcnow() - timedelta(seconds=get_settings().stale_after_s)
+    cutoff = db_now(session) - timedelta(seconds=get_settings().stale_after_s)
     gpus: dict[str, list[dict]] = {}
     for g in session.scalars(select(Gpu).order_by(Gpu.node, Gpu.index)):
         gpus.setdefault(g.node, []).append({"index": g.index, "name": g.name,

@@ -88,10 +88,11 @@ def lookup(session: Session, secret: str) -> Principal | None:
     return p
 
 
-async def current_user(request: Request) -> Principal:
-    """The caller, from `Authorization: Bearer <token>`. Async: a cached token (the common
-    case) costs no thread hop and no DB session; a miss looks it up in the thread pool."""
-    header = request.headers.get("authorization", "")
+async def bearer_principal(header: str) -> Principal:
+    """The caller named by an `Authorization` header value, or Unauthorized. Async: a cached
+    token (the common case) costs no thread hop and no DB session; a miss looks it up in the
+    thread pool. Also asked by the body cap (app/core/middleware.py) before it reads more than
+    a few KiB of a request."""
     scheme, _, secret = header.partition(" ")
     secret = secret.strip()
     if scheme.lower() != "bearer" or not secret:
@@ -102,6 +103,12 @@ async def current_user(request: Request) -> Principal:
         p = await run_in_threadpool(_lookup_in_db, secret)
     if p is None:
         raise Unauthorized("the token is not valid (unknown or revoked)", code="invalid_token")
+    return p
+
+
+async def current_user(request: Request) -> Principal:
+    """The caller, from `Authorization: Bearer <token>`."""
+    p = await bearer_principal(request.headers.get("authorization", ""))
     request.state.user = p
     return p
 

@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     # A big job may be passed by smaller ones only for this long (aging bound).
     backfill_bound_s: float = 300.0
     cpu_slots: int = 2  # concurrent CPU (gpus=0) jobs per node
+    # Node-local scratch (issue 25): one folder per attempt with the stage's spec, events file
+    # and TMPDIR; nothing a retry on another node needs (that stays under home, the shared
+    # folder: app/cluster/shared.py). Empty: under the job's folder in home.
+    scratch_dir: Path | None = None
     # Preemption (issue 16): a job is preempted at most this often per hour, so a stream of
     # urgent jobs cannot keep one run restarting forever; a stage asked to yield gets this
     # long to checkpoint before SIGKILL.
@@ -50,6 +54,9 @@ class Settings(BaseSettings):
     webhook_backoff_max_s: float = 3600.0
     webhook_timeout_s: float = 10.0
     webhook_poll_s: float = 1.0
+    # Host names and addresses/CIDRs (comma-separated) webhooks may reach although they are
+    # internal (loopback, private, link-local...): a receiver on the team's network.
+    webhook_allowed_hosts: str = ""
     # CPU slots one user may hold while another user's CPU job waits (0: all but one).
     user_cpu_slots: int = 0
     log_level: str = "info"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from functools import lru_cache
 
 import logging
@@ -16,15 +15,12 @@ from sqlalchemy import create_engine, event, make_url
 from sqlalchemy.engine import CursorResult, Engine, Result
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.core.clock import db_now, utcnow  # noqa: F401  (the one clock; re-exported)
 from app.core.config import get_settings
 
 log = logging.getLogger("draftyard")
 # Execution option of read-only sessions (`unit_of_work(read_only=True)`, GET requests).
 READ_ONLY = "draftyard_read_only"
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

@@ -144,9 +144,9 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(req: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized",
-                413: "payload_too_large"}.get(
-            exc.status_code, "http_error")
+        code = getattr(exc, "code", None) or {
+            404: "not_found", 405: "method_not_allowed", 401: "unauthorized",
+            413: "payload_too_large"}.get(exc.status_code, "http_error")
         headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 405:
             # RFC 9110 15.5.6: `Allow` lists every method of the path. Starlette names only

@@ -1,5 +1,5 @@
 """X-Request-ID on every response (taken from the request when the client sent one), and the
-cap on request bodies."""
+caps on request bodies."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.config import get_settings
-from app.core.errors import error_body
+from app.core.errors import ApiError, error_body
 from app.core.jsonresp import SafeJSONResponse
 
 
@@ -57,11 +57,45 @@ class BodyTooLarge(StarletteHTTPException):
         super().__init__(413, f"the request body exceeds {what} ({cap} bytes)")
 
 
+class NotAuthenticated(StarletteHTTPException):
+    """Raised from `receive` once a request without a valid token streams past
+    UNAUTHENTICATED_BODY_BYTES: rendered as the 401 the route would answer."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(401, message)
+        self.code = code
+
+
+# What a request without a valid token may make the API read: room for any malformed-JSON
+# body a client mistypes (its 400 comes before the 401, as the routes answer), nothing more.
+UNAUTHENTICATED_BODY_BYTES = 64 * 1024
+UPLOAD_ROUTES = {("POST", "/v1/datasets")}
+
+
+async def _who(headers: dict[bytes, bytes]) -> tuple[bool, str, str]:
+    """(authenticated, error code, message) from the Authorization header, as current_user
+    would decide; a database that cannot be asked counts as not authenticated (the route then
+    answers its 503)."""
+    from app.core.auth import bearer_principal
+
+    try:
+        p = await bearer_principal(headers.get(b"authorization", b"").decode("latin-1"))
+    except ApiError as e:
+        return False, e.code, e.message
+    except Exception:  # noqa: BLE001  the DB is down: the route's own answer follows
+        return False, "unauthorized", "the token could not be checked"
+    return p is not None, "", ""
+
+
 class BodyLimitMiddleware(_HttpMiddleware):
     """Caps request bodies on the bytes that arrive, not only on Content-Length: a chunked
     upload or a 50 MB JSON body is refused without being read whole (issue 17 item 5).
-    Multipart uploads get DRAFTYARD_MAX_UPLOAD_BYTES (plus room for the form's other parts),
-    everything else DRAFTYARD_MAX_BODY_BYTES."""
+
+    The cap is the route's, whatever the Content-Type says (issue 26 item 3): the upload route
+    (POST /v1/datasets, multipart) DRAFTYARD_MAX_UPLOAD_BYTES plus room for the form's other
+    parts, every other route DRAFTYARD_MAX_BODY_BYTES. And a request without a valid token
+    is read no further than UNAUTHENTICATED_BODY_BYTES: past that it is answered 401 (the
+    token is checked only then, so small requests pay nothing here)."""
 
     FORM_OVERHEAD = 1 << 20
 
@@ -69,7 +103,8 @@ class BodyLimitMiddleware(_HttpMiddleware):
         s = get_settings()
         headers = dict(scope.get("headers") or [])
         ctype = headers.get(b"content-type", b"").decode("latin-1")
-        if ctype.startswith("multipart/form-data"):
+        if (scope.get("method"), scope.get("path")) in UPLOAD_ROUTES and \
+                ctype.startswith("multipart/form-data"):
             cap, what = s.max_upload_bytes + self.FORM_OVERHEAD, "DRAFTYARD_MAX_UPLOAD_BYTES"
         else:
             cap, what = s.max_body_bytes, "DRAFTYARD_MAX_BODY_BYTES"
@@ -77,21 +112,36 @@ class BodyLimitMiddleware(_HttpMiddleware):
             declared = int(headers.get(b"content-length", b"0") or 0)
         except ValueError:
             declared = 0
+        authed: bool | None = None
+        if declared > UNAUTHENTICATED_BODY_BYTES:
+            authed, code, message = await _who(headers)
+            if not authed:
+                await _refuse(scope, receive, send, 401, code, message)
+                return
         if declared > cap:
-            resp = SafeJSONResponse(error_body("payload_too_large", BodyTooLarge(cap, what).detail,
-                                               "body"), status_code=413,
-                                    headers={"Connection": "close"})
-            await resp(scope, receive, send)
+            await _refuse(scope, receive, send, 413, "payload_too_large",
+                          BodyTooLarge(cap, what).detail)
             return
         seen = 0
 
         async def _receive() -> Message:
-            nonlocal seen
+            nonlocal seen, authed
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
+                if seen > UNAUTHENTICATED_BODY_BYTES and authed is None:
+                    authed, code, message = await _who(headers)
+                    if not authed:
+                        raise NotAuthenticated(code, message)
                 if seen > cap:
                     raise BodyTooLarge(cap, what)
             return msg
 
         await self.app(scope, _receive, send)
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, code: str,
+                  message: str) -> None:
+    resp = SafeJSONResponse(error_body(code, message, "body" if status == 413 else None),
+                            status_code=status, headers={"Connection": "close"})
+    await resp(scope, receive, send)

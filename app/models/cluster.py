@@ -45,3 +45,13 @@ class GpuLease(Base):
     end_at: Mapped[datetime | None] = mapped_column(default=None)
 
     __table_args__ = (Index("ix_gpu_leases_open", "node", "index", "end_at"),)
+
+
+class Deployment(Base):
+    """Facts of the whole deployment, one row per key. `shared_root`: the token of the marker
+    file in the shared folder (DRAFTYARD_HOME) that every node proves it sees (issue 25)."""
+
+    __tablename__ = "deployment"
+    key: Mapped[str] = mapped_column(String(40), primary_key=True)
+    value: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

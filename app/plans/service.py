@@ -77,7 +77,7 @@ def _run_plan(s, target: dict, dataset: dict | None, body: RunSpec,
               free_bytes_override: int | None) -> dict:
     work = s.home / "plans" / uuid.uuid4().hex[:12]
     work.mkdir(parents=True, exist_ok=True)
-    spec = StageSpec.in_folder("plan", work, inputs={"target": target, "dataset": dataset},
+    spec = StageSpec.in_folder("plan", work, work, inputs={"target": target, "dataset": dataset},
                                params={"run": body.model_dump(mode="json"),
                                        "sample": body.plan_sample,
                                        "disk_path": str(s.artifacts_dir),

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import is_sqlite, utcnow
+from app.core.db import db_now, is_sqlite
 from app.jobs.states import ACTIVE
 from app.jobs.states import JobStatus as S
 from app.models import Gpu, GpuLease, Job, Node
@@ -33,7 +33,8 @@ _NEVER = ", ".join(f"'{t}'" for t in sorted(NEVER_REUSE)) or "''"
 _NEEDS_FP = f"(fingerprint IS NULL AND type NOT IN ({_NEVER}))"
 _ROWS_SQL = ("SELECT id, owner_id, priority, gpus_requested, {epoch}, held, status, "
              + _NEEDS_FP + "{extra} FROM jobs "
-             f"WHERE status IN ('{S.pending}', '{S.queued}')" "{only} ORDER BY status, priority, queued_at")
+             f"WHERE status IN ('{S.pending}', '{S.queued}')"
+             "{only} ORDER BY status, priority, queued_at")
 _EPOCH = {"postgresql": "date_part('epoch', queued_at)",  # float8: no numeric arithmetic
           "sqlite": "(julianday(queued_at) - 2440587.5) * 86400.0"}
 # Only the jobs a placement-only decision needs (see `waiting_rows`); numbers are ours.
@@ -80,7 +81,7 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
     """Nodes (schedulable = alive, heartbeat fresh, not draining) with their free GPUs, the
     free CPU slots, and the GPUs each owner holds now: one statement. Each node's `holders`
     are the jobs on its GPUs, with what preemption needs to know of them."""
-    cutoff = utcnow() - timedelta(seconds=get_settings().stale_after_s)
+    cutoff = db_now(session) - timedelta(seconds=get_settings().stale_after_s)
     cpu_busy = select(func.count()).select_from(Job).where(
         Job.gpus_requested == 0, Job.status.in_(ACTIVE)).scalar_subquery()
     states: dict[str, NodeState] = {}

@@ -17,13 +17,14 @@ A job merely `dispatched` has no process yet: it is requeued after `stale_after_
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import utcnow
+from app.core.db import db_now
 from app.jobs.service import transition
 from app.jobs.states import ACTIVE
 from app.jobs.states import JobStatus as S
@@ -47,7 +48,7 @@ def fence_s(settings=None) -> float:
 def reap(session: Session) -> list[str]:
     """Call under the scheduler lock. Returns the ids of the jobs it moved on."""
     s = get_settings()
-    now = utcnow()
+    now = db_now(session)
     cutoff = now - timedelta(seconds=s.stale_after_s)
     fenced = now - timedelta(seconds=fence_s(s))
     session.execute(update(Node).where(Node.last_heartbeat < cutoff, Node.alive.is_(True))
@@ -97,3 +98,53 @@ def _move_on(session: Session, jobs: list[Job], why: str) -> list[str]:
 
 def _aware(t, ref):
     return t if t.tzinfo else t.replace(tzinfo=ref.tzinfo)
+
+
+# ---- the API's reaper: when no worker is alive (issue 26 item 4) -------------------------
+
+def reap_unattended(session: Session) -> list[str] | None:
+    """Reap when no worker node is alive to do it (a worker's housekeeping reaps while one
+    is: workers/node.py). Under the scheduler's advisory lock, only tried: while a pass or
+    another API replica holds it, this one skips its turn (None)."""
+    from app.cluster.service import first_live_node
+    from app.scheduler.service import try_lock
+
+    if first_live_node(session) is not None or not try_lock(session):
+        return None
+    return reap(session)
+
+
+def unattended_bound_s(settings=None) -> float:
+    """How long after its worker's last heartbeat a running job is requeued when no worker is
+    left: fence_s (the stage is surely dead by then) plus one tick of the API's reaper."""
+    s = settings or get_settings()
+    return fence_s(s) + s.heartbeat_s
+
+
+class ApiReaper:
+    """A thread of each API process (started and stopped by app.main) that reaps lost jobs
+    and frees their GPUs while no worker is alive, every `heartbeat_s`."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="api-reaper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def _loop(self) -> None:
+        from app.core.db import unit_of_work
+
+        while not self._stop.wait(get_settings().heartbeat_s):
+            try:
+                with unit_of_work() as s:
+                    moved = reap_unattended(s)
+                if moved:
+                    log.warning("no worker alive: the API requeued or failed %d lost job(s): %s",
+                                len(moved), moved)
+            except Exception:  # noqa: BLE001  the DB may be down; the next tick retries
+                log.exception("API reaper tick failed")

@@ -61,6 +61,13 @@ def lock(session: Session) -> None:
     session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
 
 
+def try_lock(session: Session) -> bool:
+    """The scheduler lock if it is free now (held until the transaction ends), else False."""
+    if is_sqlite(session):
+        return True
+    return bool(session.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}))
+
+
 def _promote_pending(session: Session, pending: list[Job]) -> None:
     if not pending:
         return

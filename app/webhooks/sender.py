@@ -7,7 +7,12 @@ expire and the row is sent again: receivers dedupe on `X-Draftyard-Event-Id`.
 
 Headers: `X-Draftyard-Signature: sha256=<hex HMAC-SHA256(secret, body)>`,
 `X-Draftyard-Event-Id`, `X-Draftyard-Event`, `X-Draftyard-Timestamp` (unix seconds of this
-attempt; the event's own time is `created_at` in the signed body)."""
+attempt; the event's own time is `created_at` in the signed body).
+
+Each attempt resolves the URL's host once, checks every address (app/webhooks/guard.py) and
+connects to the checked one, with the URL's name in `Host` and TLS SNI; redirects are not
+followed (a 3xx is a failed attempt), and `last_error` says what happened in a few words,
+never what the receiver answered (a member must not read an internal service's replies)."""
 
 from __future__ import annotations
 
@@ -23,8 +28,9 @@ import httpx
 from sqlalchemy import or_, select, update
 
 from app.core.config import get_settings
-from app.core.db import unit_of_work, utcnow
+from app.core.db import db_now, unit_of_work, utcnow
 from app.models import Webhook, WebhookDelivery
+from app.webhooks import guard
 
 log = logging.getLogger("draftyard.webhooks")
 BATCH = 20
@@ -42,8 +48,8 @@ def backoff_s(attempts: int) -> float:
 
 def _claim(limit: int) -> list[Any]:
     cfg = get_settings()
-    now = utcnow()
     with unit_of_work() as s:
+        now = db_now(s)
         D = WebhookDelivery
         rows = list(s.execute(
             select(D.id, D.body, D.event_id, D.event, D.attempts, Webhook.url, Webhook.secret)
@@ -57,22 +63,33 @@ def _claim(limit: int) -> list[Any]:
         return rows
 
 
-def _send(client: httpx.Client, row) -> tuple[int | None, str | None]:
+def _send(client: httpx.Client, row,
+          resolve: guard.Resolver | None = None) -> tuple[int | None, str | None, bool]:
+    """(status code, error, final): `final` when retrying cannot help (a refused address)."""
     body = row.body.encode()
     headers = {"Content-Type": "application/json", "User-Agent": "draftyard-webhooks/1",
                "X-Draftyard-Signature": sign(row.secret, body),
                "X-Draftyard-Event-Id": row.event_id, "X-Draftyard-Event": row.event,
                "X-Draftyard-Timestamp": str(int(time.time()))}
     try:
-        r = client.post(row.url, content=body, headers=headers)
+        url = httpx.URL(row.url)
+        ip = guard.pick(url.host, url.port or (443 if url.scheme == "https" else 80), resolve)
+    except guard.Refused as e:
+        return None, f"refused: {e}", True
+    except (LookupError, httpx.InvalidURL) as e:
+        return None, str(e)[:300], False
+    headers["Host"] = url.netloc.decode("ascii")
+    try:
+        r = client.post(url.copy_with(host=str(ip)), content=body, headers=headers,
+                        extensions={"sni_hostname": url.host}, follow_redirects=False)
     except httpx.HTTPError as e:
-        return None, f"{type(e).__name__}: {e}"[:500]
+        return None, f"{type(e).__name__}: {e}"[:300], False
     if 200 <= r.status_code < 300:
-        return r.status_code, None
-    return r.status_code, f"HTTP {r.status_code}: {r.text[:200]}"
+        return r.status_code, None, False
+    return r.status_code, f"HTTP {r.status_code}", False
 
 
-def _record(row, code: int | None, error: str | None) -> None:
+def _record(row, code: int | None, error: str | None, final: bool = False) -> None:
     cfg = get_settings()
     now = utcnow()
     attempts = row.attempts + 1
@@ -80,7 +97,7 @@ def _record(row, code: int | None, error: str | None) -> None:
                     "locked_until": None}
     if error is None:
         values.update(status="delivered", delivered_at=now)
-    elif attempts >= cfg.webhook_max_attempts:
+    elif final or attempts >= cfg.webhook_max_attempts:
         values.update(status="failed")
     else:
         values.update(next_at=now + timedelta(seconds=backoff_s(attempts)))
@@ -93,21 +110,29 @@ def _record(row, code: int | None, error: str | None) -> None:
                   .values(**values))
 
 
-def deliver_due(client: httpx.Client | None = None, limit: int = BATCH) -> int:
-    """One pass: send what is due. Returns how many were sent (successfully or not)."""
+def deliver_due(client: httpx.Client | None = None, limit: int = BATCH,
+                resolve: guard.Resolver | None = None) -> int:
+    """One pass: send what is due. Returns how many were sent (successfully or not).
+    `resolve` replaces the system's DNS lookup (tests stand in for DNS with it)."""
     own = client is None
-    client = client or httpx.Client(timeout=get_settings().webhook_timeout_s)
+    client = client or _client()
     try:
         rows = _claim(limit)
         for row in rows:
-            code, error = _send(client, row)
+            code, error, final = _send(client, row, resolve)
             if error:
                 log.info("webhook delivery %s (%s) failed: %s", row.id, row.event, error)
-            _record(row, code, error)
+            _record(row, code, error, final)
         return len(rows)
     finally:
         if own:
             client.close()
+
+
+def _client() -> httpx.Client:
+    # No proxies from the environment (they would do their own DNS lookup), no redirects.
+    return httpx.Client(timeout=get_settings().webhook_timeout_s, trust_env=False,
+                        follow_redirects=False)
 
 
 class Sender:
@@ -128,7 +153,7 @@ class Sender:
 
     def _loop(self) -> None:
         poll = get_settings().webhook_poll_s
-        with httpx.Client(timeout=get_settings().webhook_timeout_s) as client:
+        with _client() as client:
             while not self._stop.is_set():
                 try:
                     busy = deliver_due(client) >= BATCH

@@ -11,6 +11,7 @@ import json
 import secrets
 from urllib.parse import urlsplit
 
+import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -22,6 +23,7 @@ from app.core.pagination import Page, paginate
 from app.jobs.states import TERMINAL
 from app.jobs.states import JobStatus as S
 from app.models import Job, Run, Webhook, WebhookDelivery
+from app.webhooks import guard
 
 JOB_EVENTS = ("job.succeeded", "job.failed", "job.cancelled", "job.preempted")
 RUN_EVENTS = ("run.succeeded", "run.failed", "run.cancelled")
@@ -29,14 +31,28 @@ EVENTS = JOB_EVENTS + RUN_EVENTS
 MAX_HOOKS_PER_USER = 20
 
 
-def check_url(url: str) -> str:
+def check_url(url: str, resolve: guard.Resolver | None = None) -> str:
+    """The URL as both a plain parser and the sender (httpx) read it, and the address check of
+    app/webhooks/guard.py: an internal address is refused here where it can be told now (a
+    literal address in any form, a name that resolves to one); the sender checks again at
+    each delivery."""
+    bad = Invalid(f"url {url!r} must be an absolute http:// or https:// URL", param="url",
+                  code="invalid_url")
     try:
-        parts = urlsplit(url)
-    except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise Invalid(f"url {url!r} must be an absolute http:// or https:// URL", param="url",
-                      code="invalid_url")
+        host = urlsplit(url).hostname
+        if host:
+            guard.check_host(host)
+        parts = httpx.URL(url)
+        if parts.scheme not in ("http", "https") or not parts.host or not host:
+            raise bad
+        guard.check_host(parts.host)
+        guard.pick(parts.host, parts.port or 80, resolve)
+    except guard.Refused as e:
+        raise Invalid(f"url: {e}", param="url", code="url_not_allowed") from None
+    except LookupError:
+        pass  # not resolvable now: each delivery resolves it again
+    except (httpx.InvalidURL, ValueError, TypeError):
+        raise bad from None
     return url
 
 

@@ -296,22 +296,27 @@ class FaultStack:
         return out
 
     def _lease_problems(self) -> list[str]:
-        from sqlalchemy import text
+        return lease_problems(self.stack.engine())
 
-        problems = []
-        with self.stack.engine().connect() as c:
-            held = c.execute(text("SELECT node, index, job_id FROM gpus "
-                                  "WHERE job_id IS NOT NULL")).all()
-            problems += [f"GPU {r.node}/{r.index} still held by {r.job_id}" for r in held]
-            rows = c.execute(text("SELECT job_id, node, index, start_at, end_at FROM gpu_leases "
-                                  "ORDER BY node, index, start_at")).all()
-        last: dict = {}
-        for r in rows:
-            if r.end_at is None:
-                problems.append(f"lease of {r.job_id} on {r.node}/{r.index} never closed")
-                continue
-            prev = last.get((r.node, r.index))
-            if prev is not None and prev.end_at > r.start_at:
-                problems.append(f"GPU {r.node}/{r.index}: {prev.job_id} and {r.job_id} overlap")
-            last[(r.node, r.index)] = r
-        return problems
+
+def lease_problems(engine) -> list[str]:
+    """GPU leases still held, never closed, or overlapping on one GPU."""
+    from sqlalchemy import text
+
+    problems = []
+    with engine.connect() as c:
+        held = c.execute(text("SELECT node, index, job_id FROM gpus "
+                              "WHERE job_id IS NOT NULL")).all()
+        problems += [f"GPU {r.node}/{r.index} still held by {r.job_id}" for r in held]
+        rows = c.execute(text("SELECT job_id, node, index, start_at, end_at FROM gpu_leases "
+                              "ORDER BY node, index, start_at")).all()
+    last: dict = {}
+    for r in rows:
+        if r.end_at is None:
+            problems.append(f"lease of {r.job_id} on {r.node}/{r.index} never closed")
+            continue
+        prev = last.get((r.node, r.index))
+        if prev is not None and prev.end_at > r.start_at:
+            problems.append(f"GPU {r.node}/{r.index}: {prev.job_id} and {r.job_id} overlap")
+        last[(r.node, r.index)] = r
+    return problems

@@ -135,11 +135,13 @@ class Stack:
             time.sleep(0.2)
         raise RuntimeError("the API did not start:\n" + p.tail())
 
-    def start_worker(self, node: str, gpus: str | None = None) -> _Proc:
+    def start_worker(self, node: str, gpus: str | None = None,
+                     env: dict[str, str] | None = None) -> _Proc:
+        """`env`: settings of this worker only (another clock, a scratch folder)."""
         argv = [sys.executable, "-m", "workers", "--node", node, "--loglevel", "WARNING"]
         if gpus is not None:
             argv += ["--gpus", gpus]
-        p = _Proc(argv, self.home / f"worker-{node}.log", self.env)
+        p = _Proc(argv, self.home / f"worker-{node}.log", {**self.env, **(env or {})})
         self.procs.append(p)
         return p
 

@@ -70,11 +70,11 @@ def test_webhooks_commands(api, worker):
     endpoint has not landed."""
     if api.get("/v1/webhooks").status_code == 404:
         pytest.skip("this server has no /v1/webhooks yet")
-    r = cli(api, "webhooks", "add", "http://127.0.0.1:9/hook", "--event", "job.succeeded",
+    r = cli(api, "webhooks", "add", "http://127.0.0.2:9/hook", "--event", "job.succeeded",
             "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     hook = json.loads(r.stdout)
-    assert hook["url"] == "http://127.0.0.1:9/hook" and hook.get("secret")
+    assert hook["url"] == "http://127.0.0.2:9/hook" and hook.get("secret")
     assert hook["id"] in [h["id"] for h in _json(api, "webhooks")]
     assert isinstance(_json(api, "webhooks", "deliveries", hook["id"]), list)
     r = cli(api, "webhooks", "rm", hook["id"])

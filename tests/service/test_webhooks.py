@@ -1,6 +1,7 @@
-"""Webhooks end to end (issue 16): a real receiver on 127.0.0.1 that fails the first two
-deliveries, and an API restart while an event waits in the outbox: every event arrives,
-signed, exactly once per event id."""
+"""Webhooks end to end (issue 16): a real receiver on 127.0.0.2 (which the tests'
+DRAFTYARD_WEBHOOK_ALLOWED_HOSTS allows) that fails the first two deliveries, and an API
+restart while an event waits in the outbox: every event arrives, signed, exactly once per
+event id."""
 
 from __future__ import annotations
 
@@ -50,12 +51,12 @@ def test_register_validate_list_delete(api, member):
     c, o = member.c, api.as_(_member_token(api)).c
     r = c.post("/v1/webhooks", json={"url": "ftp://x", "events": ["job.failed"]})
     assert r.status_code == 422 and r.json()["error"]["param"] == "url", r.text
-    r = c.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/h",
+    r = c.post("/v1/webhooks", json={"url": "http://127.0.0.2:9/h",
                                      "events": ["job.failed", "job.exploded"]})
     assert r.status_code == 422 and r.json()["error"]["param"] == "events[1]", r.text
-    r = c.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/h", "events": []})
+    r = c.post("/v1/webhooks", json={"url": "http://127.0.0.2:9/h", "events": []})
     assert r.status_code == 422 and r.json()["error"]["param"] == "events", r.text
-    r = c.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/h",
+    r = c.post("/v1/webhooks", json={"url": "http://127.0.0.2:9/h",
                                      "events": ["job.failed", "run.succeeded"]})
     assert r.status_code == 201, r.text
     hook = r.json()

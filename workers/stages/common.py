@@ -3,7 +3,9 @@
 A stage is `run(spec: dict, ctx: StageContext) -> dict` in `workers/stages/<type>.py` (or a
 package of that name). It reads only the paths in its spec and writes only under
 `spec["out_dir"]` (artifacts, renamed into place by the supervisor on success) and
-`spec["work_dir"]` (scratch that survives a retry: checkpoints, finished shards).
+`spec["work_dir"]` (state that survives a retry, on the shared folder so that a retry on
+another node finds it: checkpoints, finished shards). `spec["scratch_dir"]` (with TMPDIR) is
+node-local and goes with the attempt: what no retry needs (a hand-off file, a server log).
 
 It reports through `ctx`, which appends one JSON object per line to `spec["events_path"]`:
 

@@ -1,0 +1,70 @@
+"""Issue 26 items 4 and 6: no job held by a dead worker, and no member preempting others at
+will."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from sqlalchemy import text
+
+from tests.conftest import REDIS_DBS, wait_for
+from tests.service.stack import Stack
+
+
+# ---- 4: a dead worker's jobs, when no worker is left --------------------------------------
+
+@pytest.fixture
+def lone():
+    st = Stack("reap", REDIS_DBS[1], {"DRAFTYARD_CPU_SLOTS": "2"})
+    st.create()
+    try:
+        st.start_api()
+        st.start_worker("lonenode", gpus="0,1")
+        st.wait_nodes(["lonenode"])
+        yield st
+    finally:
+        st.close()
+
+
+def test_the_api_requeues_a_dead_workers_job_and_frees_its_gpus(lone):
+    """The only worker is SIGKILLed (its whole process group) and not restarted: the API
+    process reaps the job within the stated bound (fence_s + one tick of its reaper)."""
+    from app.core.config import Settings
+    from app.scheduler.reaper import unattended_bound_s
+
+    bound = unattended_bound_s(Settings(_env_file=None, **{  # the stack's own settings
+        k.removeprefix("DRAFTYARD_").lower(): v for k, v in lone.env.items()
+        if k in ("DRAFTYARD_STALE_AFTER_S", "DRAFTYARD_HEARTBEAT_S")}))
+    with lone.client() as c:
+        r = c.post("/v1/jobs", json={"type": "probe", "gpus": 1, "params": {"sleep_s": 120}})
+        assert r.status_code == 201, r.text
+        jid = r.json()["id"]
+        wait_for(lambda: c.get(f"/v1/jobs/{jid}").json()["status"] == "running", 60, 0.2,
+                 "the probe running")
+        held = [g for n in c.get("/v1/nodes").json()["data"] for g in n["gpus"]
+                if g["job_id"] == jid]
+        assert len(held) == 1
+        worker = lone.procs[1]
+        t_kill = time.monotonic()
+        worker.kill(signal.SIGKILL)
+        lone.procs.remove(worker)
+
+        def requeued():
+            j = c.get(f"/v1/jobs/{jid}").json()
+            return j["status"] == "queued" and j
+        job = wait_for(requeued, bound + 30, 0.2, "the lost job requeued by the API")
+        took = time.monotonic() - t_kill
+        print(f"requeued {took:.1f} s after the SIGKILL (bound {bound:.1f} s)")
+        assert took <= bound + 3, (took, bound)  # + 3: HTTP polling and a loaded box
+        assert job["attempt"] == 2
+        events = c.get(f"/v1/jobs/{jid}/events").json()["data"]
+        assert any(e["kind"] == "status" and "lost; requeued" in str(e["data"].get("reason"))
+                   for e in events), events
+        assert not [g for n in c.get("/v1/nodes").json()["data"] for g in n["gpus"]
+                    if g["job_id"] == jid]
+        with lone.engine().connect() as db:
+            open_leases = db.execute(text("SELECT count(*) FROM gpu_leases WHERE job_id = :j "
+                                          "AND end_at IS NULL"), {"j": jid}).scalar()
+        assert open_leases == 0
