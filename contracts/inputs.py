@@ -55,6 +55,10 @@ class MixInputs(_In):
     sources: list[MixSource] = Field(min_length=1, max_length=256)
 
 
+class SplitInputs(_In):
+    dataset: Ref
+
+
 class GenerateInputs(_In):
     dataset: Ref
     target: Ref

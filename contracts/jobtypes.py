@@ -18,16 +18,18 @@ from contracts.extract import ExtractParams
 from contracts.generate import GenerateParams
 from contracts.ingest import IngestParams
 from contracts.inputs import (EvaluateInputs, ExtractInputs, GenerateInputs, IngestInputs,
-                              MixInputs, PrepareInputs, ProbeInputs, TrainInputs)
+                              MixInputs, PrepareInputs, ProbeInputs, SplitInputs, TrainInputs)
 from contracts.mix import MixParams
 from contracts.prepare import PrepareParams
 from contracts.probe import ProbeParams
+from contracts.split import SplitParams
 from contracts.train import TrainParams
 
 
 class JobType(StrEnum):
     ingest = "ingest"
     mix = "mix"
+    split_ = "split"  # the name `split` would shadow str.split
     generate = "generate"
     prepare = "prepare"
     extract = "extract"
@@ -77,6 +79,8 @@ JOB_TYPES: dict[str, JobTypeDef] = {d.name.value: d for d in (
                reusable=False),
     JobTypeDef(JobType.ingest, IngestParams, IngestInputs, {"source": ("upload", "path")}),
     JobTypeDef(JobType.mix, MixParams, MixInputs, {"sources": ("dataset",)}),
+    # split: one dataset -> a training part and a held-out part (seeded).
+    JobTypeDef(JobType.split_, SplitParams, SplitInputs, {"dataset": ("dataset",)}),
     # generate and extract resume from their finished shards/samples; they may opt in.
     JobTypeDef(JobType.generate, GenerateParams, GenerateInputs,
                {"dataset": ("dataset",), "target": _T}, resumable=True, gpu=True),

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import db_now, unit_of_work
-from app.jobs.inputs import resolve
+from app.jobs.inputs import InputDeleted, resolve
 from app.jobs.logs import read_tail
 from app.jobs.service import add_event, cas_status, requeue_preempted, transition
 from app.jobs.states import JobStatus as S
@@ -213,8 +213,10 @@ def run_job(job_id: str, node: str) -> str:
             job = s.get(Job, job_id, with_for_update=True)
             if _ours(job, att.number if att is not None else None):
                 if job.status in (S.running.value, S.cancelling.value):
-                    transition(s, job, S.failed, error={"code": "worker_error",
-                                                        "message": f"{type(e).__name__}: {e}"})
+                    err = ({"code": "input_deleted", "message": str(e)}
+                           if isinstance(e, InputDeleted)
+                           else {"code": "worker_error", "message": f"{type(e).__name__}: {e}"})
+                    transition(s, job, S.failed, error=err)
     finally:
         if att is not None:  # the node-local scratch of this attempt
             shutil.rmtree(att.scratch, ignore_errors=True)

@@ -22,6 +22,7 @@ from app.core.db import unit_of_work
 from app.core.errors import Invalid, TooMany, Unavailable
 from app.jobs.inputs import Unresolved, resolve_ref, target_dict
 from app.models import Target
+from app.plans.nodes import gpu_node_warnings
 from contracts.run import RunSpec
 from contracts.spec import StageSpec
 
@@ -48,7 +49,9 @@ def make_plan(body: RunSpec, free_bytes_override: int | None = None) -> dict:
     s = get_settings()
     target, dataset = _plan_inputs(body)
     with plan_slot(s.home / "plans", s.max_concurrent_plans):
-        return _run_plan(s, target, dataset, body, free_bytes_override)
+        plan = _run_plan(s, target, dataset, body, free_bytes_override)
+    plan.setdefault("warnings", []).extend(gpu_node_warnings(body))
+    return plan
 
 
 @contextmanager

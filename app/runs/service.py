@@ -60,7 +60,7 @@ def create_run(session: Session, user: Principal, body: RunSpec,
     session.flush()
     made: dict[str, str] = {}
     for sj in chain:
-        resolved = {k: ({"job": made[v[1:]]} if isinstance(v, str) and v.startswith("@") else v)
+        resolved = {k: (stage_ref(made, v) if isinstance(v, str) and v.startswith("@") else v)
                     for k, v in sj.inputs.items()}
         job = jobs.create_job(session, user, JobCreate(
             type=JobType(sj.stage), name=f"{body.name}: {sj.stage}", priority=body.priority,
@@ -68,6 +68,12 @@ def create_run(session: Session, user: Principal, body: RunSpec,
             run_id=run.id, run_stage=sj.stage, validate_params=validate_params)
         made[sj.stage] = job.id
     return run
+
+
+def stage_ref(made: dict[str, str], ref: str) -> dict[str, str]:
+    """`@stage` or `@stage.output` (contracts/run.py) as a job reference."""
+    stage, _, output = ref[1:].partition(".")
+    return {"job": made[stage], **({"output": output} if output else {})}
 
 
 def _in_order(js: list[Job]) -> list[Job]:

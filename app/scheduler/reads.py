@@ -121,6 +121,23 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
     return list(states.values()), max(0, cpu_total - busy), held
 
 
+def largest_gpu_node(session: Session) -> int:
+    """GPUs of the largest schedulable node (0: no node could run a GPU job now)."""
+    return max((n.total for n in node_states(session)[0] if n.schedulable), default=0)
+
+
+def no_gpu_node_reason(session: Session, gpus: int) -> str | None:
+    """Why a job asking for `gpus` cannot start on this deployment as it is (None: it can)."""
+    if gpus <= 0:
+        return None
+    top = largest_gpu_node(session)
+    if top >= gpus:
+        return None
+    return (f"needs {gpus} GPU(s) on one node; the largest schedulable node has {top}"
+            if top else "no schedulable node with GPUs is registered") + \
+        ": it waits until a worker with enough GPUs joins (draftyard worker --gpus ...)"
+
+
 def usage_by_owner(session: Session, now: datetime) -> dict[str, Usage]:
     """GPUs held now and GPU-hours over the last USAGE_WINDOW_H, per owner, from the lease
     history (the queue view; a decision takes GPUs held from `node_states`)."""

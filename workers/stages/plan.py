@@ -28,6 +28,7 @@ from workers.stages.extract.layers import hidden_size, num_hidden_layers, resolv
 from workers.stages.extract.planner import disk_check, estimate_hidden_state_bytes, human_bytes
 from workers.stages.failures import source_line
 from workers.stages.kernel import parse_params
+from workers.stages.plan_training import estimate_training
 from workers.stages.prepare import resolve_setup
 from workers.stages.prepare.masks import RecordRejected, build_masker
 from workers.stages.records import count_records, iter_records
@@ -230,5 +231,9 @@ def run(spec: dict, ctx: StageContext) -> dict:
     lengths = _records(plan, dataset, target, chain, parsed, int(p.get("sample", 200)), ctx)
     _disk(plan, lengths, dataset, lp, parsed, p.get("disk_path") or str(ctx.out_dir),
           p.get("free_bytes_override"))
+    training = estimate_training(parsed, lengths, plan.estimates.get("records", 0),
+                                 plan.warnings)
+    if training is not None:
+        plan.estimates["training"] = training
     return {"ok": plan.ok, "checks": plan.checks, "estimates": plan.estimates,
             "warnings": plan.warnings, "failures": plan.failures}
