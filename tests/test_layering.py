@@ -178,3 +178,24 @@ def import_cycles(folder: str) -> list[list[str]]:
 def test_no_import_cycle_in_app():
     cycles = import_cycles("app")
     assert not cycles, "import cycles in app/:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_processes_are_started_only_through_procgroup():
+    """Nothing a job starts may outlive it (issue 24): every process workers/ and app/ start
+    goes through procgroup.spawn (its own group, a death signal, the attempt's tag), so no
+    Popen, new session or preexec_fn of their own. subprocess.run (waited for, in-line) is
+    allowed."""
+    bad = []
+    for top in ("workers", "app"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not isinstance(node, ast.Call):
+                    continue
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                names = [name] + [k.arg for k in node.keywords]
+                hit = [n for n in names if n in ("Popen", "start_new_session", "preexec_fn",
+                                                 "setsid", "fork", "spawnv")]
+                if hit:
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno} {hit}")
+    assert not bad, bad

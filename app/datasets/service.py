@@ -32,7 +32,7 @@ from app.storage.delete import may_delete, refuse_if_needed, tombstone
 from contracts.jobtypes import JobType
 
 FORMATS = ("auto", "openai", "sharegpt", "alpaca", "openorca", "oasst", "ultrachat", "magicoder",
-           "evol_codealpaca", "prompt")
+           "evol_codealpaca", "prompt", "oasst_flat")
 SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".parquet", ".gz", ".zst")
 
 

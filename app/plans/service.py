@@ -84,7 +84,8 @@ def _run_plan(s, target: dict, dataset: dict | None, body: RunSpec,
                                params={"run": body.model_dump(mode="json"),
                                        "sample": body.plan_sample,
                                        "disk_path": str(s.artifacts_dir),
-                                       "free_bytes_override": free_bytes_override})
+                                       "free_bytes_override": free_bytes_override,
+                                       "rates": s.plan_rates})
     spec.write(work / "spec.json")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
     try:
