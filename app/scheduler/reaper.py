@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from app.core.config import get_settings
 from app.cluster.service import first_live_node
 from app.core.db import db_now, unit_of_work
-from app.jobs.service import release_gpus, transition
+from app.jobs.service import transition
 from app.jobs.states import ACTIVE
 from app.jobs.states import JobStatus as S
 from app.models import Job, Node
@@ -76,7 +76,6 @@ def requeue_node(session: Session, node: str, worker: str | None = None) -> list
 
 def _move_on(session: Session, jobs: list[Job], why: str) -> list[str]:
     for job in jobs:
-        release_gpus(session, job.id)
         where = f"node {job.node}" if job.node else "its worker"
         if job.status == S.dispatched.value:
             # The message was lost or its worker died before claiming: not the job's fault.

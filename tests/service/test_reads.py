@@ -12,7 +12,7 @@ from app.artifacts.schemas import ArtifactRead
 from app.core.ids import new_id
 from app.datasets.schemas import DatasetRead
 from app.datasets.service import dataset_read
-from app.jobs.schemas import JobCreate, JobRead, JobType
+from app.jobs.schemas import JobCreate, JobRead
 from app.jobs.service import cancel_job, create_job
 from app.main import create_app
 from app.models import Artifact, Dataset, Run, Target
@@ -20,6 +20,7 @@ from app.runs.schemas import RunList, RunRead
 from app.runs.service import run_jobs, runs_read
 from app.targets.schemas import TargetRead, TargetSummary
 from app.targets.service import target_read
+from contracts.jobtypes import JobType
 
 
 def _run(db, user, n_jobs: int = 2) -> Run:
