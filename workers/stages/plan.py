@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from contracts import STAGE_PARAMS
+from contracts.jobtypes import JOB_TYPES
 from contracts.run import RunSpec, RunSpecError
 from contracts.target import text_value
 from workers.stages.common import StageContext, StageError
@@ -78,7 +78,7 @@ def _params(plan: Plan, chain: dict[str, dict]) -> dict:
     parsed: dict[str, Any] = {}
     for name, raw in chain.items():
         try:
-            parsed[name] = parse_params(STAGE_PARAMS[name], raw)
+            parsed[name] = parse_params(JOB_TYPES[name].params, raw)
             plan.check(f"{name}_params", True, f"{name} params are valid")
         except StageError as e:
             plan.check(f"{name}_params", False, f"{name}: {e.message}")
