@@ -42,7 +42,7 @@ def rejects_page(session: Session, d: Dataset, limit: int, after: str | None) ->
     a = session.get(Artifact, d.artifact_id) if d.artifact_id else None
     path = Path(a.uri) / REJECTS_FILE if a is not None and a.deleted_at is None else None
     if path is None or not path.is_file():
-        if after not in (None, "0"):
+        if after is not None and after != "0":
             raise _bad(after)
         return list_body([], False, None)
     out: list[dict] = []
