@@ -14,6 +14,7 @@ from app.jobs.states import TERMINAL, JobStatus
 from app.runs.service import on_job_status as run_follows_job
 from app.scheduler.nudge import nudge_after_commit
 from app.scheduler.service import SCHEDULING
+from app.storage.retention import on_job_status as retention_follows_job
 from app.webhooks.service import on_job_status as webhooks_hear
 
 
@@ -34,6 +35,7 @@ def _webhooks(session: Session, ev: StatusChanged) -> None:
 def wire() -> None:
     subscribe(dataset_follows_job)
     subscribe(run_follows_job)
+    subscribe(retention_follows_job)
     subscribe(_wake_scheduler)
     subscribe(_webhooks)
     subscribe_wake(nudge_after_commit)

@@ -23,6 +23,7 @@ from app.jobs.schemas import JobCreate
 from app.jobs.states import TERMINAL, IllegalTransition, JobStatus, check
 from app.models import Artifact, Dataset, Gpu, GpuLease, Job, JobEvent, Target, User
 from app.scheduler.preempt import recent
+from app.storage.reserve import check_quota
 from app.scheduler.reads import no_gpu_node_reason
 from contracts.inputs import STAGE_INPUTS
 
@@ -193,6 +194,7 @@ def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: st
     if body.priority > 80 and not user.is_admin:
         raise Forbidden("priority above 80 is for admins", param="priority", code="priority_admin_only")
     preemptible = _preemptible(user, body.type.value, body.preemptible)
+    check_quota(session, user.id, user.name, f"a new {body.type.value} job")
     if validate_params is not None:
         body.params = validate_params(body.type.value, body.params)
     deps = check_inputs(session, body.type.value, body.inputs)
@@ -200,7 +202,7 @@ def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: st
               status=S.pending.value, priority=body.priority, gpus_requested=body.gpus,
               inputs=body.inputs, params=body.params, depends_on=deps, force=body.force,
               run_id=run_id, run_stage=run_stage, max_attempts=get_settings().max_attempts,
-              preemptible=preemptible)
+              preemptible=preemptible, keep=body.keep)
     session.add(job)
     session.flush()
     add_event(session, job.id, "status", {"from": None, "to": S.pending.value})
