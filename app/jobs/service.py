@@ -22,15 +22,9 @@ from app.jobs.preemption import recent
 from app.jobs.schemas import JobCreate
 from app.jobs.states import ACTIVE, TERMINAL, IllegalTransition, JobStatus, check
 from app.models import Artifact, Dataset, Gpu, GpuLease, Job, JobEvent, Target, User
-<<<<<<< HEAD
-from app.scheduler.preempt import recent
 from app.storage.reserve import check_quota
-from app.scheduler.reads import no_gpu_node_reason
-from contracts.inputs import STAGE_INPUTS
-=======
 from app.users.service import check_priority
 from contracts.jobtypes import JOB_TYPES, RESUMABLE
->>>>>>> main
 
 S = JobStatus
 
