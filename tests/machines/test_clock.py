@@ -14,21 +14,12 @@ import time
 import pytest
 
 from tests.conftest import REDIS_DBS
-from tests.faults.harness import StageSampler, lease_problems
+from tests.faults.harness import FaultStack, StageSampler, lease_problems
 from tests.machines.clock import skewed_env
 from tests.service.stack import Stack
 
 TERMINAL = ("succeeded", "failed", "cancelled")
-
-
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+_wait = FaultStack.wait
 
 
 def _run(offset_s: float, how: str) -> None:
