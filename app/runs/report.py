@@ -87,7 +87,7 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
     stage_of: dict = {j.id: j.run_stage for j in js}
     # The machine each artifact was made on (issue 25), the run's input's ingest included.
     node_of: dict = dict(session.execute(select(Job.id, Job.node).where(
-        Job.id.in_({a.producer_job for a in arts if a.producer_job})))) if arts else {}
+        Job.id.in_({a.producer_job for a in arts if a.producer_job}))).tuples().all())
 
     def template_sha(a: Artifact, seen: frozenset = frozenset()) -> str | None:
         """The chat template an artifact was made with: its own record, else its inputs'."""

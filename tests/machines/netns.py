@@ -186,4 +186,10 @@ class Machines:
                     except Exception:  # noqa: BLE001  the rest must still go
                         pass
             self.net.close()
+            keep = os.environ.get("DRAFTYARD_MACHINES_LOGS")  # where to keep the logs
+            if keep:
+                dest = Path(keep) / self.root.name
+                dest.mkdir(parents=True, exist_ok=True)
+                for f in self.shared.glob("*.log"):
+                    shutil.copy(f, dest / f.name)
             shutil.rmtree(self.root, ignore_errors=True)
