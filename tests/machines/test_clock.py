@@ -33,7 +33,7 @@ def _run(offset_s: float, how: str) -> None:
         sampler = StageSampler(st.home).start()
         with st.client() as c:
             ids = [c.post("/v1/jobs", json={"type": "probe", "gpus": 1, "params": {
-                "sleep_s": 14, "steps": 7, "import_torch": False}}).json()["id"]
+                "sleep_s": 8, "steps": 4, "import_torch": False}}).json()["id"]
                 for _ in range(2)]
             _wait(lambda: {c.get(f"/v1/jobs/{j}").json()["node"] for j in ids} == {"a", "b"},
                   60, "one probe running on each node")

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 
 import httpx
+import pytest
 
 from tests.conftest import REDIS_DBS
 from tests.faults.harness import FaultStack
@@ -42,6 +43,7 @@ def _sse(c: httpx.Client, job: str, last: str | None, out: list[dict], stop_afte
                     return
 
 
+@pytest.mark.slow
 def test_two_api_replicas():
     st = Stack("replicas", REDIS_DBS[1], {"DRAFTYARD_WEBHOOK_POLL_S": "0.1",
                                           "DRAFTYARD_CPU_SLOTS": "4"}).create()
