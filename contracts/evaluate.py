@@ -38,6 +38,10 @@ class EvalParams(BaseModel):
     # baseline_drafter input is given. None: no baseline.
     baseline: Literal["untrained"] | None = "untrained"
     seed: int = 0
+    # What `data` is, set by a run (contracts/run.py) and named in the report and the verdict:
+    # "held_out" (the split stage's records the drafter never saw), "in_sample" (the run's
+    # own tokenized rows, as the run asked), "given" (stages.evaluate.data). None: not said.
+    evaluated_on: Literal["held_out", "in_sample", "given"] | None = None
     allow_template_mismatch: bool = False
     # Teacher-forced rows for tau_sim (cheap: one target forward and a few drafter forwards).
     tau_sim_rows: int = Field(256, ge=1, le=100_000)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.bounds import JsonObject, check_json
 
-STAGE_ORDER = ("generate", "prepare", "extract", "train", "evaluate")
+STAGE_ORDER = ("split", "generate", "prepare", "extract", "train", "evaluate")
 
 
 class RunSpecError(ValueError):
@@ -50,9 +50,11 @@ class DrafterSpec(BaseModel):
 
 class Stages(BaseModel):
     """Each stage's params (the stage's own contract, checked after expansion). `generate`
-    and `evaluate` null: skipped. `extract` null: only with mode online."""
+    and `evaluate` null: skipped. `extract` null: only with mode online. `split`: how much
+    is held out for evaluation (contracts/split.py) when the run holds records out."""
 
     model_config = ConfigDict(extra="forbid")
+    split: JsonObject | None = None
     # Free-form here, bounded in depth and size (contracts/bounds.py, issue 17).
     generate: JsonObject | None = None
     prepare: JsonObject = Field(default_factory=dict)
@@ -62,7 +64,8 @@ class Stages(BaseModel):
 
 
 class StageJob(BaseModel):
-    """One job of a run: `inputs` name earlier stages of the same run as `"@<stage>"`."""
+    """One job of a run: `inputs` name earlier stages of the same run as `"@<stage>"`, or
+    one named output of a stage as `"@<stage>.<output>"`."""
 
     stage: str
     inputs: dict[str, Any]
@@ -84,6 +87,17 @@ class RunSpec(BaseModel):
     # Start even when the plan finds errors (the records that fail are rejected and counted).
     force_plan: bool = False
     plan_sample: int = Field(200, ge=1, le=100_000)
+    # What evaluate measures on when stages.evaluate.data is not given (issue 27): "held_out"
+    # splits a seeded share off the dataset before any stage reads it (stages.split tunes
+    # it); "in_sample" measures on the records the drafter trained on, which the report and
+    # the verdict then say.
+    evaluation: Literal["held_out", "in_sample"] = "held_out"
+    seed: int = Field(0, ge=0, description="which records are held out (the split's seed)")
+
+    def holds_out(self) -> bool:
+        """Does this run split off held-out records for its evaluation?"""
+        ev = self.stages.evaluate
+        return ev is not None and not ev.get("data") and self.evaluation == "held_out"
 
     def template_kwargs(self, stage: dict[str, Any] | None) -> dict[str, Any]:
         """The run's chat-template kwargs overlaid by a stage's own."""
@@ -114,6 +128,9 @@ class RunSpec(BaseModel):
             raise RunSpecError("stages.extract", "an offline run needs the extract stage "
                                "(stored hidden states); set mode to online to skip it")
         layers = self.layer_ids()
+        if self.evaluation == "in_sample" and (st.evaluate or {}).get("data"):
+            raise RunSpecError("evaluation", "evaluation \"in_sample\" and "
+                               "stages.evaluate.data both given; choose one")
         jobs: list[StageJob] = []
 
         def add(stage: str, inputs: dict[str, Any], params: dict[str, Any]) -> None:
@@ -121,6 +138,9 @@ class RunSpec(BaseModel):
             jobs.append(StageJob(stage=stage, inputs=inputs, params=params, gpus=gpus))
 
         data_ref: str = self.dataset_id
+        if self.holds_out():  # before any stage reads the records (contracts/split.py)
+            add("split", {"dataset": data_ref}, {"seed": self.seed, **(st.split or {})})
+            data_ref = "@split.train"
         if st.generate is not None:
             add("generate", {"dataset": data_ref, "target": self.target_id},
                 {**st.generate, "chat_template_kwargs": self.template_kwargs(st.generate)})
@@ -144,6 +164,12 @@ class RunSpec(BaseModel):
         add("train", train_in, {**st.train, "mode": self.mode, "drafter": drafter})
         if st.evaluate is not None:
             p = {**st.evaluate, "chat_template_kwargs": self.template_kwargs(st.evaluate)}
+            given = p.pop("data", None)
+            # data of the run's own stages ("@generate") is what it trained on: in-sample
+            own = isinstance(given, str) and given.startswith("@")
+            p["evaluated_on"] = ("in_sample" if own or (not given and not self.holds_out())
+                                 else "given" if given else "held_out")
             add("evaluate", {"target": self.target_id, "drafter": "@train",
-                             "data": p.pop("data", None) or "@prepare"}, p)
+                             "data": given or ("@split.held_out" if self.holds_out()
+                                               else "@prepare")}, p)
         return jobs

@@ -73,6 +73,8 @@ def print_report(rep: dict, log=console.print) -> None:
             f"untrained {num(ev.get('tau_baseline'))}"
             + (f"   (simulated {num(ev.get('tau_sim'))} vs {num(ev.get('tau_sim_baseline'))})"
                if ev.get("tau_sim") is not None else ""))
+    if ev.get("evaluated_on"):
+        log(f"evaluated on: {ev['evaluated_on']}")
     for k in ("oov_share", "oov_reference_share"):
         if ev.get(k) is not None:
             log(f"reference tokens outside the draft vocabulary: {100 * ev[k]:.1f}%")

@@ -138,7 +138,8 @@ const RENDER = {
         <div><div class="lab">untrained drafter tau</div><div class="big muted">${f2(ev.tau_baseline)}</div></div>
         ${ev.tau_sim != null ? `<div><div class="lab">simulated (teacher-forced)</div><div>${f2(ev.tau_sim)} vs ${f2(ev.tau_sim_baseline)}</div></div>` : ""}
         ${oov != null ? `<div><div class="lab">reference tokens outside the draft vocabulary</div><div>${(100 * oov).toFixed(1)}%</div></div>` : ""}
-        <div class="muted" style="font-size:12px">tau = tokens accepted per target forward pass (greedy speculative decoding on held-out prompts; 1.00 = no speedup)</div></div>`;
+        <div id="evaluated-on"><div class="lab">evaluated on</div><div>${esc(ev.evaluated_on || "not stated")}</div></div>
+        <div class="muted" style="font-size:12px">tau = tokens accepted per target forward pass (greedy speculative decoding; 1.00 = no speedup)</div></div>`;
     const pp = r.per_position || {};
     const ppSeries = [["trained", "#3fb950"], ["untrained", "#8a93a6"], ["vllm", "#58a6ff"]]
       .filter(([k]) => pp[k]).map(([k, color]) => ({name: k === "vllm" ? "trained (vLLM)" : `${k} drafter`, color,

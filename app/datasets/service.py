@@ -6,7 +6,6 @@ from __future__ import annotations
 import bz2
 import errno
 import gzip
-import json
 import lzma
 import re
 import shutil
@@ -18,17 +17,22 @@ from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
 from app.core.config import get_settings
-from app.core.errors import Conflict, Forbidden, Invalid, NoSpace, NotFound, TooLarge
+from app.core.db import after_commit
+from app.core.errors import Conflict, Invalid, NoSpace, NotFound, TooLarge
 from app.core.ids import new_id
 from app.core.paths import resolve_inside
 from app.jobs.lifecycle import StatusChanged
-from app.jobs.schemas import JobCreate, JobType
+from app.jobs.schemas import JobCreate
 from app.jobs.service import create_job
-from app.jobs.states import TERMINAL
+from app.jobs.states import TERMINAL, WAITING
+from app.jobs.states import JobStatus as S
 from app.models import Artifact, Dataset, Job
+from app.scheduler.service import lock
+from app.storage.delete import may_delete, refuse_if_needed, tombstone
+from contracts.jobtypes import JobType
 
 FORMATS = ("auto", "openai", "sharegpt", "alpaca", "openorca", "oasst", "ultrachat", "magicoder",
-           "evol_codealpaca", "prompt")
+           "evol_codealpaca", "prompt", "oasst_flat")
 SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".parquet", ".gz", ".zst")
 
 
@@ -171,7 +175,7 @@ def on_job_status(session: Session, ev: StatusChanged) -> None:
     ds = session.scalar(select(Dataset).where(Dataset.job_id == job.id))
     if ds is None:
         return
-    if job.status == "succeeded" and job.outputs:
+    if job.status == S.succeeded and job.outputs:
         art = session.get(Artifact, job.outputs[0])
         assert art is not None, job.outputs  # recorded in the transaction that succeeded it
         m = art.meta or {}
@@ -182,10 +186,10 @@ def on_job_status(session: Session, ev: StatusChanged) -> None:
         ds.rejected_sample = m.get("rejected_sample", [])
         ds.stats = m.get("stats", {})
         ds.error = None
-    elif job.status in ("failed", "cancelled"):
+    elif job.status in (S.failed, S.cancelled):
         ds.status = "failed"
         ds.error = {k: v for k, v in (job.error or {}).items() if k in ("code", "message", "details")}
-    elif job.status in ("queued", "pending"):
+    elif job.status in WAITING:
         ds.status = "ingesting"
 
 
@@ -197,13 +201,26 @@ def get_dataset(session: Session, ds_id: str) -> Dataset:
 
 
 def delete_dataset(session: Session, user: Principal, d: Dataset) -> None:
-    if not (user.is_admin or d.owner_id == user.id):
-        raise Forbidden(f"only the owner of {d.id} or an admin may delete it", code="not_owner")
-    active = [j.id for j in session.scalars(select(Job).where(Job.status.notin_([t.value for t in TERMINAL])))
-              if d.id in json.dumps(j.inputs) or j.id == d.job_id]
-    if active:
-        raise Conflict(f"dataset {d.id} is used by active jobs: {', '.join(active[:5])}",
-                       code="dataset_in_use", details={"jobs": active})
+    """The row goes (API.md) and so do its files: the upload, and its artifact to a tombstone
+    (app/storage/delete.py: lineage kept, files removed once this commits), unless another
+    dataset shares that artifact (an identical ingest reused it). Same rule as an artifact's
+    delete: 409 naming the live jobs that need it, its own ingest or mix among them."""
+    may_delete(user, d.owner_id, d.id)
+    lock(session)
+    own = session.scalar(select(Job.id).where(Job.id == d.job_id,
+                                              Job.status.notin_([t.value for t in TERMINAL])))
+    if own:
+        raise Conflict(f"dataset {d.id} is used by active jobs: {own} (the job that makes it)",
+                       code="dataset_in_use", details={"jobs": [own]})
+    arts = [d.artifact_id] if d.artifact_id else []
+    refuse_if_needed(session, f"dataset {d.id}", arts, extra=[d.id], code="dataset_in_use")
+    art = session.get(Artifact, d.artifact_id) if d.artifact_id else None
+    shared = art is not None and session.scalar(select(Dataset.id).where(
+        Dataset.artifact_id == art.id, Dataset.id != d.id).limit(1))
+    if art is not None and not shared:
+        tombstone(session, art, user.id)
+    upload = get_settings().uploads_dir / d.id
+    after_commit(session, lambda: shutil.rmtree(upload, ignore_errors=True))
     session.delete(d)
 
 

@@ -10,12 +10,27 @@ from typing import Any
 import orjson
 from sqlalchemy.orm import Session
 
-from app.jobs import catalog
+from app.jobs.states import JobStatus as S
 from app.models import Artifact, Dataset, Job, Target
+from contracts.jobtypes import JOB_TYPES
 
 
 class Unresolved(Exception):
     """An input is not available (yet, or any more)."""
+
+
+class InputDeleted(Unresolved):
+    """An input artifact was deleted (a tombstone, app/storage/delete.py): waiting will not
+    bring it back, so the job fails naming it."""
+
+
+def live(a: Artifact, via: str = "") -> Artifact:
+    if a.deleted_at is not None:
+        by = "retention" if a.deleted_by == "retention" else f"user {a.deleted_by}"
+        raise InputDeleted(f"{via}artifact {a.id} ({a.kind}) was deleted by {by} at "
+                           f"{a.deleted_at.isoformat()}; its files are gone: rerun the job "
+                           f"that made it (force) or pick another input")
+    return a
 
 
 def target_dict(t: Target) -> dict:
@@ -39,13 +54,13 @@ def resolve_ref(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
         ref = {"job": ref}
     if isinstance(ref, dict) and "job" in ref:
         job = session.get(Job, ref["job"])
-        if job is None or job.status != "succeeded":
+        if job is None or job.status != S.succeeded:
             raise Unresolved(f"job {ref['job']} has not succeeded")
         arts = [a for a in (session.get(Artifact, x) for x in job.outputs) if a is not None]
         want = ref.get("output")
         for art in arts:
             if (want and art.meta.get("name") == want) or (not want and art.kind in kinds):
-                return artifact_dict(art)
+                return artifact_dict(live(art, f"job {job.id}'s output "))
         raise Unresolved(f"job {job.id} produced no {'/'.join(kinds)} artifact")
     if isinstance(ref, str) and ref.startswith("tgt_"):
         t = session.get(Target, ref)
@@ -59,17 +74,17 @@ def resolve_ref(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
         a = session.get(Artifact, d.artifact_id)
         if a is None:
             raise Unresolved(f"dataset {ref}: its artifact {d.artifact_id} is gone")
-        return {**artifact_dict(a), "dataset_id": d.id, "name": d.name}
+        return {**artifact_dict(live(a, f"dataset {ref}: its ")), "dataset_id": d.id, "name": d.name}
     if isinstance(ref, str) and ref.startswith("art_"):
         a = session.get(Artifact, ref)
         if a is None:
             raise Unresolved(f"artifact {ref} not found")
-        return artifact_dict(a)
+        return artifact_dict(live(a))
     raise Unresolved(f"cannot resolve input {ref!r}")
 
 
 def resolve(session: Session, job: Job) -> dict[str, Any]:
-    allowed = catalog.INPUTS[job.type]
+    allowed = JOB_TYPES[job.type].accepts
     out: dict[str, Any] = {}
     for name, ref in (job.inputs or {}).items():
         if job.type == "ingest":
@@ -96,5 +111,5 @@ def fingerprint(job: Job, resolved: dict[str, Any]) -> str:
         return v
 
     body = {"type": job.type, "inputs": {k: ident(v) for k, v in resolved.items()},
-            "params": job.params, "version": catalog.STAGE_VERSIONS.get(job.type, 1)}
+            "params": job.params, "version": JOB_TYPES[job.type].version}
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()

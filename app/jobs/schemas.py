@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.bounds import JsonObject
-
-
-class JobType(StrEnum):
-    ingest = "ingest"
-    mix = "mix"
-    generate = "generate"
-    prepare = "prepare"
-    extract = "extract"
-    train = "train"
-    evaluate = "evaluate"
-    probe = "probe"
+from contracts.jobtypes import JobType
 
 
 class JobCreate(BaseModel):

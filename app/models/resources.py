@@ -16,6 +16,9 @@ class Target(Base):
     path: Mapped[str] = mapped_column(Text)
     tokenizer_path: Mapped[str] = mapped_column(Text)
     chat_template: Mapped[str | None] = mapped_column(Text, default=None)
+    # Listings show the template by these, not whole (issue 26 item 5).
+    chat_template_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+    chat_template_chars: Mapped[int | None] = mapped_column(default=None)
     chat_template_kwargs: Mapped[dict] = mapped_column(default=dict)
     architecture: Mapped[str | None] = mapped_column(String(200), default=None)
     hidden_size: Mapped[int | None] = mapped_column(default=None)
@@ -56,6 +59,11 @@ class Artifact(Base):
     meta: Mapped[dict] = mapped_column(default=dict)
     owner_id: Mapped[str | None] = mapped_column(String(40), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # A tombstone (app/storage/delete.py): the files are gone, the row keeps the lineage.
+    # deleted_by: a user id, or "retention" when a retention rule removed it.
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+    deleted_by: Mapped[str | None] = mapped_column(String(40), default=None)
+    bytes_freed: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
 
 class Run(Base):

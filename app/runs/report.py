@@ -22,7 +22,8 @@ from app.models import Artifact, Dataset, Job, Run, Target, User
 from app.runs.service import run_jobs
 
 # Keys of the evaluate stage's report.json shown as they are (when present).
-EVAL_KEYS = ("verdict", "verdict_reason", "tau", "tau_sim", "tau_baseline", "tau_sim_baseline",
+EVAL_KEYS = ("verdict", "verdict_reason", "evaluated_on", "tau", "tau_sim", "tau_baseline",
+             "tau_sim_baseline",
              "oov_share", "oov_reference_share", "num_prompts", "exact_match", "template_mismatch",
              "enable_thinking", "chat_template_sha256", "seconds")
 # Training series worth a chart: the loss, and acceptance-like ones (DFlash acc_k, EAGLE-3's).

@@ -145,8 +145,8 @@ def test_the_demo_prints_the_same_report(api, reported_run, capsys):
     run = reported_run["run"]
     arts = demo.print_report(Client(api.url, reported_run["token"]), run)
     out = " ".join(capsys.readouterr().out.split())  # the console wraps at 80 columns
-    assert set(arts) == {"prepare", "extract", "train", "evaluate"}
-    assert {k: v["id"] for k, v in arts.items()} == {j["run_stage"]: j["outputs"][0]
+    assert set(arts) == {"split", "prepare", "extract", "train", "evaluate"}
+    assert {k: v["id"] for k, v in arts.items()} == {j["run_stage"]: j["outputs"][-1]
                                                       for j in run["jobs"]}
     assert "VERDICT: " in out and "acceptance per draft position" in out
     assert "vllm serve" in out and f"draftyard runs show {run['id']}" in out

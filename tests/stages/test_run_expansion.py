@@ -46,7 +46,7 @@ def test_offline_run_without_extract_is_refused_by_both(tmp_path):
     assert not checks["run"]["ok"] and "stages.extract" in checks["run"]["message"]
     online = _run(mode="online", stages={"extract": None})
     assert [j.stage for j in check_params(RunCreate.model_validate(online))] == [
-        "prepare", "train", "evaluate"]
+        "split", "prepare", "train", "evaluate"]
     assert "extract_params" not in _plan(online, tmp_path)
 
 
@@ -76,7 +76,47 @@ def test_thinking_mode_is_pinned_for_every_template_stage(tmp_path):
     for stage in ("generate", "prepare", "evaluate"):
         assert jobs[stage].params["chat_template_kwargs"] == {"enable_thinking": False}
     assert jobs["prepare"].inputs["dataset"] == "@generate"
+    assert jobs["generate"].inputs["dataset"] == "@split.train"
     assert _plan(run, tmp_path)["thinking_mode"]["ok"]
     odd = _run(stages={"evaluate": {"chat_template_kwargs": {"enable_thinking": True}}})
     msg = _plan(odd, tmp_path)["thinking_mode"]
     assert not msg["ok"] and "evaluate: enable_thinking=True" in msg["message"]
+
+
+def test_a_run_without_evaluation_data_holds_records_out_before_any_stage_reads_them():
+    """Issue 27: evaluate measured on the rows train fit, and nothing said so."""
+    jobs = check_params(RunCreate.model_validate(_run(seed=7, stages={
+        "generate": {"max_tokens": 8}})))
+    by = {j.stage: j for j in jobs}
+    assert [j.stage for j in jobs][0] == "split"
+    assert by["split"].inputs == {"dataset": "ds_x"} and by["split"].params == {"seed": 7}
+    assert by["generate"].inputs["dataset"] == "@split.train"
+    assert by["evaluate"].inputs["data"] == "@split.held_out"
+    assert by["evaluate"].params["evaluated_on"] == "held_out"
+    # in-sample is a choice the run states, and then evaluate reads prepare's rows
+    ins = {j.stage: j for j in check_params(RunCreate.model_validate(
+        _run(evaluation="in_sample")))}
+    assert "split" not in ins and ins["prepare"].inputs["dataset"] == "ds_x"
+    assert ins["evaluate"].inputs["data"] == "@prepare"
+    assert ins["evaluate"].params["evaluated_on"] == "in_sample"
+    # an evaluation dataset given: no split
+    given = {j.stage: j for j in check_params(RunCreate.model_validate(
+        _run(stages={"evaluate": {"data": "ds_eval"}})))}
+    assert "split" not in given and given["evaluate"].params["evaluated_on"] == "given"
+    own = {j.stage: j for j in check_params(RunCreate.model_validate(
+        _run(stages={"evaluate": {"data": "@prepare"}})))}
+    assert "split" not in own and own["evaluate"].params["evaluated_on"] == "in_sample"
+    with pytest.raises(Invalid) as e:
+        check_params(RunCreate.model_validate(_run(evaluation="in_sample", stages={
+            "evaluate": {"data": "ds_eval"}})))
+    assert e.value.param == "evaluation"
+    # stages.split tunes the share; its params are checked like any stage's
+    tuned = {j.stage: j for j in check_params(RunCreate.model_validate(_run(stages={
+        "split": {"share": 0.1, "max_records": 50}})))}
+    assert tuned["split"].params == {"seed": 0, "share": 0.1, "max_records": 50}
+    with pytest.raises(Invalid) as e:
+        check_params(RunCreate.model_validate(_run(stages={"split": {"share": 2}})))
+    assert e.value.param == "stages.split.share"
+    # no evaluate stage: nothing to hold out
+    assert "split" not in {j.stage for j in check_params(RunCreate.model_validate(
+        _run(stages={"evaluate": None})))}

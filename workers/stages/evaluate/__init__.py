@@ -83,6 +83,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "enable_thinking": kwargs.get("enable_thinking"),
         "template_mismatch": why,
     })
+    report["evaluated_on"] = evaluated_on(p.evaluated_on, data)
     report["verdict"], report["verdict_reason"] = verdict(report, p)
     report["seconds"] = round(time.monotonic() - t_start, 2)
 
@@ -94,6 +95,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "tau_baseline": (report.get("baseline") or {}).get("tau"),
         "tau_sim_baseline": (report.get("baseline") or {}).get("tau_sim"),
         "verdict": report["verdict"], "verdict_reason": report["verdict_reason"],
+        "evaluated_on": report["evaluated_on"],
         "oov_share": report["diagnostics"]["draft_vocab"]["oov_share"],
         "acceptance_rate_per_position": report["diagnostics"]["acceptance_rate_per_position"],
     }
@@ -101,4 +103,19 @@ def run(spec: dict, ctx: StageContext) -> dict:
                  {**summary, "drafter": str(drafter_spec.path), "chat_template_kwargs": kwargs,
                   "chat_template_sha256": sha})
     return summary
+
+
+def evaluated_on(which: str | None, data: dict) -> str | None:
+    """What the measures ran on, in the words the report and the verdict use."""
+    meta = data.get("meta") or {}
+    if which == "held_out":
+        n = (meta.get("split") or {}).get("held_out", meta.get("num_records"))
+        return f"held out: {n} records never trained on"
+    if which == "in_sample":
+        return "in-sample, as requested: on the records it trained on"
+    if which == "given":
+        n = meta.get("num_records")
+        return f"on the evaluation data given ({data.get('id') or data['path']}" + (
+            f", {n} records)" if n is not None else ")")
+    return None
 

@@ -80,6 +80,8 @@ def verdict(report: dict, p: EvalParams) -> tuple[str, str]:
     elif p.min_gain is not None:
         passed.append("no baseline measured, so the gain over it is not checked")
     note = _lossless_note(report)
+    if report.get("evaluated_on"):  # what the numbers were measured on (issue 27)
+        note += f"; measured {report['evaluated_on']}"
     if problems:
         return "reject", "; ".join(problems) + _cause(report) + note
     return "accept", "; ".join(passed) + note
