@@ -42,6 +42,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 LOST = "lost"  # _pump_events: this attempt no longer owns the job
 PREEMPTING = "preempting"  # _pump_events: running, and the scheduler asked it to yield
 BACKOFF_MAX_S = 2.0  # retry the DB at least this often during an outage: recovery is quick
+# At most one progress event row per this many seconds of the stage's clock (the first and the
+# final one always): the job's `progress` field still follows every report, so rows per job
+# grow with its duration, never with its record rate (issue 22).
+PROGRESS_EVENT_S = 1.0
 
 
 class GaveUp(RuntimeError):
@@ -107,6 +111,7 @@ class Supervisor:
         self.settings = get_settings()
         self._events_pos = 0
         self._rate = _Rate()
+        self._progress_event_at: float | None = None
         self.error: dict | None = None
         self.result: dict | None = None
         self.artifacts: list[dict] = []
@@ -278,7 +283,10 @@ class Supervisor:
             total, done = data.get("total"), data.get("done") or 0
             eta = (total - done) / rate if rate and total else None
             job.progress = {**data, "rate": rate, "eta_s": eta}
-            add_event(s, job.id, "progress", job.progress)
+            last = self._progress_event_at
+            if last is None or t - last >= PROGRESS_EVENT_S or (total and done >= total):
+                self._progress_event_at = t
+                add_event(s, job.id, "progress", job.progress)
         elif kind in ("metric", "warning", "log"):
             add_event(s, job.id, kind, data)
         elif kind == "artifact":

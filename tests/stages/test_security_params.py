@@ -29,8 +29,12 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from app.jobs.params import PARAMS
-from contracts.inputs import STAGE_INPUTS
+from contracts.jobtypes import JOB_TYPES
+
+# Every job type's params and inputs models, from the one registry the API, the scheduler and
+# the stages read.
+PARAMS = {name: d.params for name, d in JOB_TYPES.items()}
+STAGE_INPUTS = {name: d.inputs for name, d in JOB_TYPES.items()}
 
 CANARIES = ["/bin/sh", "--chat-template=/etc/passwd", "os", "../../etc/passwd"]
 
