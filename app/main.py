@@ -14,7 +14,7 @@ from app.cluster.shared import announce
 from app.core.config import get_settings
 from app.core.errors import ERROR_RESPONSES, install_handlers
 from app.core.jsonresp import SafeJSONResponse
-from app.core.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from app.core.middleware import BodyLimitMiddleware, RedactTokens, RequestIdMiddleware
 from app.dashboard.routes import router as dashboard
 from app.datasets.routes import router as datasets
 from app.health.routes import router as health
@@ -72,4 +72,7 @@ def create_app() -> FastAPI:
               storage):
         app.include_router(r, responses=ERROR_RESPONSES)
     logging.getLogger("draftyard").setLevel(logging.INFO)
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactTokens) for f in access.filters):
+        access.addFilter(RedactTokens())
     return app

@@ -85,7 +85,9 @@ def prepare_attempt(job_id: str) -> Attempt:
         scratch = scratch_dir(job_id, job.attempt)
         spec = StageSpec.in_folder(job.type, jd, scratch, attempt=job.attempt, job_id=job.id,
                                    params=job.params, inputs=resolved, gpus=gpus,
-                                   roots=spec_roots())
+                                   roots=spec_roots(),
+                                   limits={"max_decompressed_bytes":
+                                           get_settings().max_decompressed_bytes})
         shutil.rmtree(spec.out_dir, ignore_errors=True)  # what a killed try left
         return Attempt(job.id, job.attempt, jd, spec, spec.write(scratch / "spec.json"),
                        _input_ids(resolved))
