@@ -261,14 +261,9 @@ def main() -> None:
     ap.add_argument("--floor-records", type=int, default=50_000)
     ap.add_argument("--hf-max", type=int, default=800_000, help="HF baseline up to this N")
     ap.add_argument("--prepare-workers", type=int, default=None)
-    ap.add_argument("--run-sizes", default="1000,4000,16000",
-                    help="records for the generate..evaluate runs on the demo target (CPU); "
-                         "'' skips them (--quick skips them unless given)")
     ap.add_argument("--keep", type=Path, default=None, help="work folder (default: temp)")
     a = ap.parse_args()
     sizes = [int(float(x)) for x in a.sizes.split(",") if x]
-    quick_default = a.quick and "--run-sizes" not in " ".join(sys.argv)
-    run_sizes = [] if quick_default else [int(float(x)) for x in a.run_sizes.split(",") if x]
 
     from draftyard import Client
     from tests.service.stack import Stack
@@ -279,17 +274,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_scale_", dir=a.keep))
     data_root, model_root = tmp / "data", tmp / "models"
     model_root.mkdir(parents=True)
-    roots = [str(model_root)]
-    if run_sizes:
-        from bench._scale_runs import CPU_RATES, demo_target_dir
-
-        demo_dir = demo_target_dir()
-        roots.append(str(demo_dir.parent))
     stack = Stack("scale", REDIS_DB, {"DRAFTYARD_CPU_SLOTS": "2",
                                       "DRAFTYARD_DATA_ROOTS": str(data_root),
-                                      "DRAFTYARD_MODEL_ROOTS": ":".join(roots),
-                                      **({"DRAFTYARD_PLAN_RATES": json.dumps(CPU_RATES)}
-                                         if run_sizes else {})})
+                                      "DRAFTYARD_MODEL_ROOTS": str(model_root)})
     rows: list[dict] = []
     extra: dict = {"floor": {}, "hf": {}, "prepare_tps": {}}
     rss = None
@@ -337,12 +324,6 @@ def main() -> None:
             extra.setdefault("plans", {})[n] = plan.get("time_estimates")
             print("# rows " + json.dumps(rows[-4:], default=str), flush=True)
             shutil.rmtree(folder, ignore_errors=True)
-        if run_sizes:
-            from bench._scale_runs import measure_runs
-
-            data_root.mkdir(parents=True, exist_ok=True)
-            demo = c.create_target("demo-target", str(demo_dir), chat_template_kwargs={})
-            extra["runs"] = measure_runs(b, demo["id"], data_root, run_sizes, a.seed)
     finally:
         if rss is not None:
             rss.stop()
@@ -355,23 +336,6 @@ def report(rows: list[dict], extra: dict, sizes: list[int]) -> None:
     print()
     print_table(rows)
     out = []
-    runs = extra.get("runs") or []
-    if runs:
-        from bench._scale_runs import print_estimates
-
-        for r in runs:
-            prev = [x for x in runs if x["stage"] == r["stage"] and x["n"] < r["n"]]
-            if prev:
-                r["k"] = k_between(prev[-1]["n"], prev[-1]["wall_s"], r["n"], r["wall_s"])
-        print()
-        print_table(runs)
-        print_estimates(runs)
-        for stage in sorted({r["stage"] for r in runs}):
-            k = k_fit([(r["n"], r["wall_s"]) for r in runs if r["stage"] == stage])
-            if k is not None:
-                out.append({"bench": "scale", "metric": f"{stage}_time_growth_k",
-                            "value": round(k, 3), "baseline": 1.0, "ratio": round(k, 3),
-                            "target": 1.1, "pass": k <= 1.1})
     for stage in DATA_STAGES:
         pts = [(r["n"], r["wall_s"]) for r in rows if r["stage"] == stage]
         k = k_fit(pts)
