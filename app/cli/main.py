@@ -13,6 +13,7 @@ from typing import Optional
 
 import typer
 
+from app.cli import initrun as _initrun
 from app.cli import resources as _resources
 from app.cli import runs as _runs
 from app.cli.view import (console, fail, follow_jobs, jobs_table, owner_names, print_failures,
@@ -213,6 +214,7 @@ def nodes(json_out: bool = typer.Option(False, "--json", help="the API's JSON"))
 
 _runs.register(cli)  # plan, run, runs (list, show), dataset
 _resources.register(cli)  # targets, datasets, artifacts, users, webhooks
+_initrun.register(cli)  # init-run
 
 
 def main() -> None:

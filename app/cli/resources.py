@@ -16,21 +16,15 @@ from typing import Optional
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-from rich.table import Table
 
-from app.cli.view import console, fail, owner_names, print_json
+from app.cli.view import console, fail, make_table, owner_names, print_json
 from draftyard import ApiError, Client
 
 JSON = typer.Option(False, "--json", help="the API's JSON")
 
 
 def _table(title: str, cols: tuple[str, ...], rows: list[list]) -> None:
-    t = Table(title=title)
-    for c in cols:
-        t.add_column(c)
-    for r in rows:
-        t.add_row(*[("" if v is None else str(v)) for v in r])
-    console.print(t)
+    console.print(make_table(title, cols, rows))
 
 
 def _list(fetch: Callable[[Client], list[dict]], json_out: bool, title: str,

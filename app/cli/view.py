@@ -72,10 +72,27 @@ def owner_names(client) -> dict[str, str]:
         return {}
 
 
-def jobs_table(jobs: list[dict], title: str = "jobs", names: dict | None = None) -> Table:
+ID_COLUMNS = frozenset({"id", "artifact"})
+
+
+def make_table(title: str, cols: tuple[str, ...], rows: list[list]) -> Table:
+    """A table whose id columns are never cut (issue 27: `job_01m8sbq…` cannot be copied):
+    they keep their full width, and the other columns wrap to fit the terminal."""
+    rows = [[("" if v is None else str(v)) for v in r] for r in rows]
     t = Table(title=title)
-    for c in ("id", "type", "status", "owner", "gpus", "progress", "reason / error"):
-        t.add_column(c)
+    for i, c in enumerate(cols):
+        if c in ID_COLUMNS:
+            width = max([len(c), *(len(r[i]) for r in rows)])
+            t.add_column(c, no_wrap=True, min_width=width, overflow="fold")
+        else:
+            t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def jobs_table(jobs: list[dict], title: str = "jobs", names: dict | None = None) -> Table:
+    rows = []
     for j in jobs:
         p = j.get("progress") or {}
         prog = (f"{p.get('done', 0):g}/{p.get('total') or '?'} {p.get('unit') or ''}"
@@ -84,8 +101,9 @@ def jobs_table(jobs: list[dict], title: str = "jobs", names: dict | None = None)
         gpus = ",".join(f"{g['node']}:{g['index']}" for g in j.get("gpus_assigned") or []) or str(
             j.get("gpus_requested", 0))
         owner = (names or {}).get(j.get("owner"), j.get("owner"))
-        t.add_row(j["id"], j["type"], j["status"], str(owner), gpus, prog, why[:80])
-    return t
+        rows.append([j["id"], j["type"], j["status"], owner, gpus, prog, why[:80]])
+    return make_table(title, ("id", "type", "status", "owner", "gpus", "progress",
+                              "reason / error"), rows)
 
 
 def follow_jobs(client, job_ids: list[str], labels: dict[str, str] | None = None,

@@ -3,6 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from app.core.auth import Principal, current_user
 from app.plans import service
+from app.runs.names import with_ids
 from app.runs.schemas import RunCreate
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
@@ -11,4 +12,4 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
 @router.post("")
 def create_plan(body: RunCreate, user: Principal = Depends(current_user)):
     # No request session: the plan reads in its own short transaction, then runs for seconds.
-    return service.make_plan(body)
+    return service.make_plan(with_ids(body, user))

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
 from app.core.config import get_settings
+from app.core.names import check_name_free
 from app.core.errors import Invalid, NotFound
 from app.core.ids import new_id
 from app.core.paths import resolve_inside
@@ -70,6 +71,7 @@ def has_template(tok_dir: Path) -> bool:
 
 
 def create_target(session: Session, user: Principal, body) -> Target:
+    check_name_free(session, Target, user, body.name)
     s = get_settings()
     roots = s.roots("model")
     path = resolve_inside(body.path, roots, what="model", param="path", env="DRAFTYARD_MODEL_ROOTS")

@@ -66,3 +66,39 @@ def test_the_plan_warns_of_a_gpu_stage_without_a_gpu_node_and_estimates_steps(
     t = plan["estimates"]["training"]
     assert t["held_out"] == 20 and t["records"] == 20 and t["steps"] < 30
     assert any("max_steps 30 cannot be reached" in w for w in plan["warnings"])
+
+
+def test_names_are_unique_per_owner_and_409_names_the_existing_one(api, target, dataset, home):
+    r = api.post("/v1/targets", {"name": "first-day", "path": target["path"]})
+    assert r.status_code == 409, r.text
+    e = r.json()["error"]
+    assert e["code"] == "name_taken" and e["param"] == "name" and target["id"] in e["message"]
+    r = api.post("/v1/datasets", {"name": "first-day", "path": str(home / "data" /
+                                                                  "first-day.jsonl")})
+    assert r.status_code == 409 and dataset["id"] in r.json()["error"]["message"], r.text
+    # another owner may use the same name
+    member = api.as_(api.post("/v1/users", {"name": "fd-other"}).json()["token"])
+    r = member.post("/v1/targets", {"name": "first-day", "path": target["path"]})
+    assert r.status_code == 201, r.text
+
+
+def test_a_run_and_a_plan_take_names_for_ids(api, worker, target, dataset):
+    body = {"name": "by-name", "target_id": "first-day", "dataset_id": "first-day",
+            "drafter": {"type": "dflash", "num_layers": 1, "draft_vocab_size": 256},
+            "mode": "online", "stages": {"prepare": {"seq_length": 256}, "extract": None,
+                                         "train": {"max_steps": 2, "seq_length": 256},
+                                         "evaluate": None}}
+    plan = api.post("/v1/plans", body, timeout=120)
+    assert plan.status_code == 200 and plan.json()["ok"], plan.text
+    r = api.post("/v1/runs", body, timeout=120)
+    assert r.status_code == 201, r.text
+    run = r.json()
+    api.post(f"/v1/runs/{run['id']}/cancel")
+    # the stored spec and the jobs carry the ids, not the names
+    assert run["spec"]["target_id"] == target["id"]
+    assert run["spec"]["dataset_id"] == dataset["id"]
+    prep = next(j for j in run["jobs"] if j["run_stage"] == "prepare")
+    assert prep["inputs"] == {"dataset": dataset["id"], "target": target["id"]}
+    r = api.post("/v1/plans", {**body, "target_id": "no-such-target"})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "target_id", r.text
+    assert "no target has the id or name 'no-such-target'" in r.json()["error"]["message"]
