@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -21,11 +22,19 @@ from app.jobs.routes import router as jobs
 from app.plans.routes import router as plans
 from app.runs.routes import router as runs
 from app.scheduler.reaper import ApiReaper
+from app.storage.delete import check_storage
 from app.targets.routes import router as targets
 from app.users.routes import router as users
 from app.webhooks.routes import router as webhooks
 from app.webhooks.sender import Sender
 from app.wiring import wire
+
+
+def _check_storage() -> None:
+    try:
+        check_storage()
+    except Exception:  # noqa: BLE001  a DB not reachable yet: the next start checks again
+        logging.getLogger("draftyard.storage").exception("storage check failed")
 
 
 def create_app() -> FastAPI:
@@ -40,6 +49,9 @@ def create_app() -> FastAPI:
         sender, reaper = Sender(), ApiReaper()
         sender.start()
         reaper.start()
+        # Deletes a killed process left half-done are finished, rows without files reported
+        # (app/storage/delete.py); in a thread: the first request need not wait for it.
+        threading.Thread(target=_check_storage, name="storage-check", daemon=True).start()
         try:
             yield
         finally:

@@ -43,5 +43,5 @@ def test_duplicates_are_renamed_then_names_are_unique(tmp_path):
             raise AssertionError("the unique index let a duplicate name in")
         except sa.exc.IntegrityError:
             pass
-    command.downgrade(alembic_config(url), "m25_deployment")
+    command.downgrade(alembic_config(url), "t23a_storage")
     eng.dispose()

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import db_now, unit_of_work
-from app.jobs.inputs import Unresolved, resolve
+from app.jobs.inputs import InputDeleted, Unresolved, resolve
 from app.jobs.logs import read_tail
 from app.jobs.service import (add_event, cas_status, release_gpus, requeue_preempted,
                               transition)
@@ -225,8 +225,10 @@ def run_job(job_id: str, node: str) -> str:
             job = s.get(Job, job_id, with_for_update=True)
             if attempt is None or _ours(job, attempt):
                 if job.status in (S.running.value, S.cancelling.value):
-                    transition(s, job, S.failed, error={"code": "worker_error",
-                                                        "message": f"{type(e).__name__}: {e}"})
+                    err = ({"code": "input_deleted", "message": str(e)}
+                           if isinstance(e, InputDeleted)
+                           else {"code": "worker_error", "message": f"{type(e).__name__}: {e}"})
+                    transition(s, job, S.failed, error=err)
                 release_gpus(s, job_id)
     finally:
         if spec_path is not None:  # the node-local scratch of this attempt

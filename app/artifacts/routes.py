@@ -14,6 +14,7 @@ from app.core.pagination import Page, list_body, page_params, paginate
 from app.artifacts.schemas import ArtifactList, ArtifactRead
 from app.core.reads import typed
 from app.models import Artifact
+from app.storage import delete
 from contracts.roots import within_roots
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
@@ -23,7 +24,8 @@ DB = Depends(request_session, scope="function")
 def artifact_read(a: Artifact) -> dict:
     return {"id": a.id, "kind": a.kind, "uri": a.uri, "bytes": a.bytes, "files": a.files,
             "created_at": a.created_at, "producer_job": a.producer_job, "inputs": a.inputs,
-            "meta": a.meta}
+            "meta": a.meta, "owner": a.owner_id, "deleted_at": a.deleted_at,
+            "deleted_by": a.deleted_by, "bytes_freed": a.bytes_freed}
 
 
 def _get(session: Session, art_id: str) -> Artifact:
@@ -51,9 +53,19 @@ def get_artifact(art_id: str, user: Principal = Depends(current_user), session: 
     return typed(artifact_read(_get(session, art_id)))
 
 
+@router.delete("/{art_id}", response_model=ArtifactRead)
+def delete_artifact(art_id: str, user: Principal = Depends(current_user),
+                    session: Session = DB):
+    """Files removed, the row kept as a tombstone (app/storage/delete.py); 409 while in use."""
+    return typed(artifact_read(delete.delete_artifact(session, user, _get(session, art_id))))
+
+
 @router.get("/{art_id}/files/{path:path}")
 def get_file(art_id: str, path: str, user: Principal = Depends(current_user), session: Session = DB):
     a = _get(session, art_id)
+    if a.deleted_at is not None:
+        raise NotFound(f"artifact {art_id} was deleted at {a.deleted_at.isoformat()}; its "
+                       f"files are gone", param="id", code="artifact_deleted", status=410)
     root = Path(a.uri).resolve()
     # contracts/roots.py: `..`, links out of the artifact and a NUL (which the filesystem
     # calls would answer with a ValueError, a 500) all come back as None.

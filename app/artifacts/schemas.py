@@ -18,6 +18,11 @@ class ArtifactRead(ReadModel):
     producer_job: str | None
     inputs: list[str]
     meta: dict[str, Any]
+    owner: str | None = None
+    # A tombstone (issue 23): the files were deleted, the row keeps the lineage.
+    deleted_at: datetime | None = None
+    deleted_by: str | None = None
+    bytes_freed: int | None = None
 
 
 class ArtifactList(ReadModel):

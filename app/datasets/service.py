@@ -6,7 +6,6 @@ from __future__ import annotations
 import bz2
 import errno
 import gzip
-import json
 import lzma
 import re
 import shutil
@@ -18,8 +17,13 @@ from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
 from app.core.config import get_settings
+<<<<<<< HEAD
 from app.core.names import check_name_free
 from app.core.errors import Conflict, Forbidden, Invalid, NoSpace, NotFound, TooLarge
+=======
+from app.core.db import after_commit
+from app.core.errors import Conflict, Invalid, NoSpace, NotFound, TooLarge
+>>>>>>> main
 from app.core.ids import new_id
 from app.core.paths import resolve_inside
 from app.jobs.lifecycle import StatusChanged
@@ -27,6 +31,8 @@ from app.jobs.schemas import JobCreate, JobType
 from app.jobs.service import create_job
 from app.jobs.states import TERMINAL
 from app.models import Artifact, Dataset, Job
+from app.scheduler.service import lock
+from app.storage.delete import may_delete, refuse_if_needed, tombstone
 
 FORMATS = ("auto", "openai", "sharegpt", "alpaca", "openorca", "oasst", "ultrachat", "magicoder",
            "evol_codealpaca", "prompt")
@@ -199,13 +205,26 @@ def get_dataset(session: Session, ds_id: str) -> Dataset:
 
 
 def delete_dataset(session: Session, user: Principal, d: Dataset) -> None:
-    if not (user.is_admin or d.owner_id == user.id):
-        raise Forbidden(f"only the owner of {d.id} or an admin may delete it", code="not_owner")
-    active = [j.id for j in session.scalars(select(Job).where(Job.status.notin_([t.value for t in TERMINAL])))
-              if d.id in json.dumps(j.inputs) or j.id == d.job_id]
-    if active:
-        raise Conflict(f"dataset {d.id} is used by active jobs: {', '.join(active[:5])}",
-                       code="dataset_in_use", details={"jobs": active})
+    """The row goes (API.md) and so do its files: the upload, and its artifact to a tombstone
+    (app/storage/delete.py: lineage kept, files removed once this commits), unless another
+    dataset shares that artifact (an identical ingest reused it). Same rule as an artifact's
+    delete: 409 naming the live jobs that need it, its own ingest or mix among them."""
+    may_delete(user, d.owner_id, d.id)
+    lock(session)
+    own = session.scalar(select(Job.id).where(Job.id == d.job_id,
+                                              Job.status.notin_([t.value for t in TERMINAL])))
+    if own:
+        raise Conflict(f"dataset {d.id} is used by active jobs: {own} (the job that makes it)",
+                       code="dataset_in_use", details={"jobs": [own]})
+    arts = [d.artifact_id] if d.artifact_id else []
+    refuse_if_needed(session, f"dataset {d.id}", arts, extra=[d.id], code="dataset_in_use")
+    art = session.get(Artifact, d.artifact_id) if d.artifact_id else None
+    shared = art is not None and session.scalar(select(Dataset.id).where(
+        Dataset.artifact_id == art.id, Dataset.id != d.id).limit(1))
+    if art is not None and not shared:
+        tombstone(session, art, user.id)
+    upload = get_settings().uploads_dir / d.id
+    after_commit(session, lambda: shutil.rmtree(upload, ignore_errors=True))
     session.delete(d)
 
 

@@ -18,6 +18,20 @@ class Unresolved(Exception):
     """An input is not available (yet, or any more)."""
 
 
+class InputDeleted(Unresolved):
+    """An input artifact was deleted (a tombstone, app/storage/delete.py): waiting will not
+    bring it back, so the job fails naming it."""
+
+
+def live(a: Artifact, via: str = "") -> Artifact:
+    if a.deleted_at is not None:
+        by = "retention" if a.deleted_by == "retention" else f"user {a.deleted_by}"
+        raise InputDeleted(f"{via}artifact {a.id} ({a.kind}) was deleted by {by} at "
+                           f"{a.deleted_at.isoformat()}; its files are gone: rerun the job "
+                           f"that made it (force) or pick another input")
+    return a
+
+
 def target_dict(t: Target) -> dict:
     return {"kind": "target", "id": t.id, "path": t.path, "tokenizer_path": t.tokenizer_path,
             "chat_template": t.chat_template, "chat_template_kwargs": t.chat_template_kwargs or {},
@@ -45,7 +59,7 @@ def resolve_ref(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
         want = ref.get("output")
         for art in arts:
             if (want and art.meta.get("name") == want) or (not want and art.kind in kinds):
-                return artifact_dict(art)
+                return artifact_dict(live(art, f"job {job.id}'s output "))
         raise Unresolved(f"job {job.id} produced no {'/'.join(kinds)} artifact")
     if isinstance(ref, str) and ref.startswith("tgt_"):
         t = session.get(Target, ref)
@@ -59,12 +73,12 @@ def resolve_ref(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
         a = session.get(Artifact, d.artifact_id)
         if a is None:
             raise Unresolved(f"dataset {ref}: its artifact {d.artifact_id} is gone")
-        return {**artifact_dict(a), "dataset_id": d.id, "name": d.name}
+        return {**artifact_dict(live(a, f"dataset {ref}: its ")), "dataset_id": d.id, "name": d.name}
     if isinstance(ref, str) and ref.startswith("art_"):
         a = session.get(Artifact, ref)
         if a is None:
             raise Unresolved(f"artifact {ref} not found")
-        return artifact_dict(a)
+        return artifact_dict(live(a))
     raise Unresolved(f"cannot resolve input {ref!r}")
 
 

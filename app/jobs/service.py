@@ -17,6 +17,7 @@ from app.core.ids import new_id
 from app.core.pagination import Page, paginate
 from app.core.paths import resolve_inside
 from app.jobs import catalog
+from app.jobs.inputs import InputDeleted, Unresolved, resolve_ref
 from app.jobs.lifecycle import announce, queue_changed
 from app.jobs.schemas import JobCreate
 from app.jobs.states import TERMINAL, IllegalTransition, JobStatus, check
@@ -87,6 +88,8 @@ def _ref_exists(session: Session, ref: Any, name: str, kinds: tuple[str, ...]) -
         if dep is None:
             raise Invalid(f"inputs.{name}: job {ref['job']} does not exist", param=f"inputs.{name}",
                           code="unknown_input")
+        if dep.status == S.succeeded.value:
+            _not_deleted(session, ref, name, kinds)
         return dep.id
     if isinstance(ref, dict) and "artifact" in ref:
         ref = ref["artifact"]
@@ -103,9 +106,13 @@ def _ref_exists(session: Session, ref: Any, name: str, kinds: tuple[str, ...]) -
                           code="dataset_failed")
         if ds is not None and ds.artifact_id is None and ds.job_id:
             return ds.job_id  # still ingesting: wait for it
+        if ds is not None:
+            _not_deleted(session, ref, name, kinds)
     elif ref.startswith("art_"):
         art = session.get(Artifact, ref)
         ok = art is not None
+        if art is not None:
+            _not_deleted(session, ref, name, kinds)
         if art is not None and art.kind not in kinds:
             raise Invalid(f"inputs.{name}: {ref} is a {art.kind} artifact; expected "
                           f"{' or '.join(kinds)}", param=f"inputs.{name}", code="wrong_input_kind")
@@ -118,6 +125,17 @@ def _ref_exists(session: Session, ref: Any, name: str, kinds: tuple[str, ...]) -
         raise Invalid(f"inputs.{name}: {ref} does not exist", param=f"inputs.{name}",
                       code="unknown_input")
     return None
+
+
+def _not_deleted(session: Session, ref: Any, name: str, kinds: tuple[str, ...]) -> None:
+    """A tombstoned input is refused at submit, naming it (app/storage/delete.py)."""
+    try:
+        resolve_ref(session, ref, kinds)
+    except InputDeleted as e:
+        raise Conflict(f"inputs.{name}: {e}", param=f"inputs.{name}",
+                       code="input_deleted") from None
+    except Unresolved:
+        pass  # the other checks here say what is wrong
 
 
 def _check_shape(type_: str, inputs: dict) -> None:

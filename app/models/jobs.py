@@ -48,6 +48,14 @@ class Job(Base):
     preemptible: Mapped[bool] = mapped_column(default=False)
     preempt_by: Mapped[str | None] = mapped_column(String(40), default=None)
     preemption: Mapped[dict | None] = mapped_column(default=None)
+    # Storage (app/storage/): keep its intermediates and scratch (None: the server default);
+    # the disk it reserves on a volume while dispatched or running; its scratch (work_dir)
+    # size measured when it ended, and when that scratch was removed.
+    keep: Mapped[bool | None] = mapped_column(default=None)
+    disk_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    disk_volume: Mapped[str | None] = mapped_column(String(40), default=None)
+    scratch_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    scratch_removed_at: Mapped[datetime | None] = mapped_column(default=None)
 
     __table_args__ = (Index("ix_jobs_status_priority", "status", "priority", "queued_at"),)
 

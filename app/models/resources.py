@@ -59,6 +59,11 @@ class Artifact(Base):
     meta: Mapped[dict] = mapped_column(default=dict)
     owner_id: Mapped[str | None] = mapped_column(String(40), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # A tombstone (app/storage/delete.py): the files are gone, the row keeps the lineage.
+    # deleted_by: a user id, or "retention" when a retention rule removed it.
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+    deleted_by: Mapped[str | None] = mapped_column(String(40), default=None)
+    bytes_freed: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
 
 class Run(Base):

@@ -21,7 +21,7 @@ from app.core.broker import send_run_job
 from app.core.config import get_settings
 from app.core.db import after_commit, is_sqlite, rowcount, unit_of_work, utcnow
 from app.jobs import catalog
-from app.jobs.inputs import Unresolved, fingerprint, resolve
+from app.jobs.inputs import InputDeleted, Unresolved, fingerprint, resolve
 from app.jobs.service import add_event, release_gpus, transition
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, GpuLease, Job
@@ -94,6 +94,9 @@ def _reuse(session: Session, queued: list[Job]) -> None:
             continue
         try:
             fp = fingerprint(j, resolve(session, j))
+        except InputDeleted as e:  # waiting will not bring it back (app/storage/delete.py)
+            transition(session, j, S.failed, error={"code": "input_deleted", "message": str(e)})
+            continue
         except Unresolved as e:
             j.pending_reason = str(e)
             continue
@@ -106,7 +109,8 @@ def _reuse(session: Session, queued: list[Job]) -> None:
         if prev is None or not prev.outputs:
             continue
         arts = [session.get(Artifact, a) for a in prev.outputs]
-        if any(a is None or not Path(a.uri).exists() for a in arts):
+        # A tombstone is never reused: the stage runs again and makes it anew.
+        if any(a is None or a.deleted_at is not None or not Path(a.uri).exists() for a in arts):
             continue
         transition(session, j, S.succeeded, reason=f"reused outputs of {prev.id}",
                    outputs=list(prev.outputs), reused_from=prev.reused_from or prev.id,
