@@ -34,7 +34,7 @@ def resolve_name(session: Session, model, user: Principal, ref: str, param: str)
     own = session.scalar(select(model.id).where(model.owner_id == user.id, model.name == ref))
     if own is not None:
         return own
-    others = list(session.scalars(select(model.id).where(model.name == ref).limit(6)))
+    others: list[str] = list(session.scalars(select(model.id).where(model.name == ref).limit(6)))
     if len(others) == 1:
         return others[0]
     if others:

@@ -17,13 +17,9 @@ from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
 from app.core.config import get_settings
-<<<<<<< HEAD
-from app.core.names import check_name_free
-from app.core.errors import Conflict, Forbidden, Invalid, NoSpace, NotFound, TooLarge
-=======
 from app.core.db import after_commit
 from app.core.errors import Conflict, Invalid, NoSpace, NotFound, TooLarge
->>>>>>> main
+from app.core.names import check_name_free
 from app.core.ids import new_id
 from app.core.paths import resolve_inside
 from app.jobs.lifecycle import StatusChanged
