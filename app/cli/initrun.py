@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from app.cli.view import console, fail
+from app.cli.view import console, fail, print_error
 from draftyard import ApiError, Client
 
 
@@ -48,10 +48,10 @@ def register(cli: typer.Typer) -> None:
                  force: bool = typer.Option(False, help="overwrite an existing file")):
         """Write a starting run body for TARGET and DATASET (then: draftyard plan FILE)."""
         if drafter not in ("dflash", "eagle3"):
-            console.print(f"[red]error[/red] --drafter: {drafter!r} is not dflash or eagle3")
+            print_error(f"--drafter: {drafter!r} is not dflash or eagle3")
             raise typer.Exit(2)
         if out.exists() and not force:
-            console.print(f"[red]error[/red] {out} exists already (--force overwrites it)")
+            print_error(f"{out} exists already (--force overwrites it)")
             raise typer.Exit(2)
         c = Client()
         try:

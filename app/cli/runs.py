@@ -20,6 +20,7 @@ import typer
 
 from app.cli.report import print_report
 from app.cli.view import (TERMINAL, console, fail, follow_jobs, make_table, num, owner_names,
+                          print_error,
                           print_failures,
                           print_json, verdict_line)
 from draftyard import ApiError, Client
@@ -29,9 +30,9 @@ def _body(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        console.print(f"[red]error[/red] {path}: no such file")
+        print_error(f"{path}: no such file")
     except json.JSONDecodeError as e:
-        console.print(f"[red]error[/red] {path}: not JSON (line {e.lineno}, column {e.colno}: "
+        print_error(f"{path}: not JSON (line {e.lineno}, column {e.colno}: "
                       f"{e.msg})")
     raise typer.Exit(2)
 
@@ -168,7 +169,7 @@ def register(cli: typer.Typer) -> None:
                 d = c.add_dataset(name, file.resolve(), fmt)
             else:
                 if not file.is_file():
-                    console.print(f"[red]error[/red] {file}: no such file")
+                    print_error(f"{file}: no such file")
                     raise typer.Exit(2)
                 d = c.upload_dataset(file, name, fmt)
             console.print(f"dataset [bold]{d['id']}[/bold] ({d['status']})")

@@ -15,12 +15,54 @@ console = Console()
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
+def describe(e) -> str:
+    """An API failure in one line; a 401 says where the token comes from (issue 27)."""
+    text = str(e)
+    if getattr(e, "status", None) == 401:
+        import os
+        from pathlib import Path
+
+        home = Path(os.environ.get("DRAFTYARD_HOME") or Path.home() / ".draftyard").expanduser()
+        text += (f" (set DRAFTYARD_TOKEN to your token; the embedded server's admin token is "
+                 f"in {home / 'admin_token'}, under DRAFTYARD_HOME)")
+    return text
+
+
 def fail(e, code: int = 1) -> None:
     """An API failure as one red line, then exit `code`."""
     import typer
 
-    console.print(f"[red]error[/red] {e}")
+    print_error(describe(e))
     raise typer.Exit(code)
+
+
+def print_error(text: str) -> None:
+    """One line on the terminal (soft wrap: never broken at the terminal's width)."""
+    console.print(error_line(text), soft_wrap=True)
+
+
+def error_line(text: str):
+    """`error <text>`, the word red, the text as it is (no markup read from it)."""
+    from rich.text import Text
+
+    return Text.assemble(("error", "red"), " ", text)
+
+
+def read_text_file(path, option: str) -> str:
+    """A file the CLI sends as text (a chat template): one line naming the file when it
+    cannot be read, exit 2."""
+    import typer
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        why = "no such file"
+    except IsADirectoryError:
+        why = "is a folder, not a file"
+    except (OSError, UnicodeDecodeError) as e:
+        why = f"cannot be read: {e.__class__.__name__}: {getattr(e, 'strerror', None) or e}"
+    print_error(f"{option} {path}: {why}")
+    raise typer.Exit(2)
 
 
 def num(x) -> str:

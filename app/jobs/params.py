@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.core.errors import Invalid
 from contracts import STAGE_PARAMS
+from contracts.target import looks_like_template_path, template_path_message
 
 
 class _Params(BaseModel):
@@ -33,6 +34,10 @@ def validate_params(type_: str, params: dict[str, Any]) -> dict[str, Any]:
     set (defaults stay the stage's, so a stage version with new defaults is not hidden by
     values frozen at submit). Probe params are stored whole."""
     model = PARAMS[type_]
+    tmpl = params.get("chat_template") if isinstance(params, dict) else None
+    if isinstance(tmpl, str) and looks_like_template_path(tmpl):
+        raise Invalid(template_path_message(tmpl, "params.chat_template"),
+                      param="params.chat_template", code="template_is_a_path")
     try:
         return model.model_validate(params).model_dump(mode="json",
                                                        exclude_unset=model is not ProbeParams)

@@ -17,7 +17,7 @@ from app.core.errors import Invalid, NotFound
 from app.core.ids import new_id
 from app.core.paths import resolve_inside
 from app.models import Target
-from contracts.target import text_config
+from contracts.target import looks_like_template_path, template_path_message, text_config
 
 
 class GenerationTag(Extension):
@@ -80,6 +80,9 @@ def create_target(session: Session, user: Principal, body) -> Target:
     cfg = read_config(path, body.path)
     text_cfg = text_config(cfg)
     if body.chat_template is not None:
+        if looks_like_template_path(body.chat_template):
+            raise Invalid(template_path_message(body.chat_template), param="chat_template",
+                          code="template_is_a_path")
         check_template(body.chat_template)
     t = Target(id=new_id("tgt"), name=body.name, owner_id=user.id, path=str(path),
                tokenizer_path=str(tok), chat_template=body.chat_template,

@@ -74,3 +74,29 @@ def test_tables_never_cut_ids_at_80_columns(api, worker, named):
         assert r.returncode == 0, r.stdout + r.stderr
         assert want in r.stdout, r.stdout  # whole, on one line
         assert "…" not in "".join(line for line in r.stdout.splitlines() if want in line)
+
+
+def _one_line(r) -> str:
+    out = (r.stdout + r.stderr).strip()
+    assert "Traceback" not in out and len(out.splitlines()) == 1, out
+    return out
+
+
+def test_every_failure_is_one_line_naming_the_cause(api, worker, tmp_path):
+    # a chat template file that is not there: the file, not a 32-line traceback
+    r = cli(api, "targets", "add", "x", "/m", "--chat-template", "missing.jinja",
+            token=api.token, columns=60)
+    assert r.returncode == 2
+    assert _one_line(r) == "error --chat-template missing.jinja: no such file"
+    # an unknown token: where the token comes from, with the real DRAFTYARD_HOME
+    home = tmp_path / "dyhome"
+    r = cli(api, "jobs", token="not-a-token", home=home, columns=60)
+    line = _one_line(r)
+    assert r.returncode == 1 and "set DRAFTYARD_TOKEN" in line
+    assert str(home / "admin_token") in line, line
+    # anything else: its type and message, the traceback only with --debug
+    r = cli(api, "plan", str(tmp_path), token=api.token)
+    line = _one_line(r)
+    assert r.returncode == 1 and "IsADirectoryError" in line and "--debug" in line, line
+    r = cli(api, "--debug", "plan", str(tmp_path), token=api.token)
+    assert "Traceback" in r.stderr and r.returncode == 1

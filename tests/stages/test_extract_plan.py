@@ -45,7 +45,7 @@ def test_layer_plan_stores_aux_then_last_and_validates():
     with pytest.raises(StageError) as e:
         resolve_layers(QWEN3_8B, "dflash", [1, 36])
     assert e.value.code == "invalid_params"
-    assert "[0, 35]" in e.value.message and "always stored last" in e.value.message
+    assert "layers 0..35" in e.value.message and "always stored last" in e.value.message
     assert e.value.details["valid_range"] == [0, 35]
     with pytest.raises(StageError, match="distinct"):
         resolve_layers(QWEN3_8B, "dflash", [4, 4])
