@@ -12,7 +12,9 @@ from app.datasets.service import on_job_status as dataset_follows_job
 from app.jobs.lifecycle import StatusChanged, subscribe, subscribe_wake
 from app.jobs.states import TERMINAL, JobStatus
 from app.runs.service import on_job_status as run_follows_job
+from app.jobs.service import add_event
 from app.scheduler.nudge import nudge_after_commit
+from app.scheduler.reads import no_gpu_node_reason
 from app.scheduler.service import SCHEDULING
 from app.webhooks.service import on_job_status as webhooks_hear
 
@@ -31,9 +33,18 @@ def _webhooks(session: Session, ev: StatusChanged) -> None:
     webhooks_hear(session, ev.job, ev.old, ev.new)
 
 
+def _say_no_node_fits(session: Session, ev: StatusChanged) -> None:
+    """A GPU job on a deployment with no node for it says so at submit, not at the next
+    scheduler pass (issue 27); the scheduler keeps the same reason while nothing changes."""
+    if ev.old is None and (why := no_gpu_node_reason(session, ev.job.gpus_requested)):
+        ev.job.pending_reason = why
+        add_event(session, ev.job.id, "warning", {"message": why})
+
+
 def wire() -> None:
     subscribe(dataset_follows_job)
     subscribe(run_follows_job)
     subscribe(_wake_scheduler)
     subscribe(_webhooks)
+    subscribe(_say_no_node_fits)
     subscribe_wake(nudge_after_commit)

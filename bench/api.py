@@ -21,6 +21,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import emit, result, scratch_database  # noqa: E402
+from procgroup import free_port  # noqa: E402
 
 BARE = '''
 from fastapi import FastAPI
@@ -31,14 +32,6 @@ BODY = {"id": "job_x", "type": "probe", "status": "succeeded", "progress": None,
 def get(job_id: str):
     return BODY
 '''
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(argv: list[str], env: dict, port: int) -> subprocess.Popen:

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 FormatName = Literal["auto", "openai", "sharegpt", "alpaca", "openorca", "oasst", "ultrachat",
-                     "magicoder", "evol_codealpaca", "prompt"]
+                     "magicoder", "evol_codealpaca", "prompt", "oasst_flat"]
 
 
 class IngestParams(BaseModel):

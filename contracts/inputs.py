@@ -1,9 +1,10 @@
 """The typed inputs of every job type (issue 17 item 3): which names a job takes, which are
-required, and the shape of each reference. `app/jobs/catalog.py` says which artifact kinds
+required, and the shape of each reference. contracts/jobtypes.py says which artifact kinds
 each name accepts; the API checks that the references exist.
 
 A reference is an id (`ds_`, `art_`, `tgt_`, `job_`), `{"artifact": id}`, or
-`{"job": id, "output"?: name}` (the output of an earlier job; the new job waits for it)."""
+`{"job": id, "output"?: name}` (the output of an earlier job; the new job waits for it).
+Each job type's model is named in its definition (contracts/jobtypes.py)."""
 
 from __future__ import annotations
 
@@ -85,9 +86,3 @@ class EvaluateInputs(_In):
     data: Ref
     baseline_drafter: Ref | None = None
 
-
-STAGE_INPUTS: dict[str, type[BaseModel]] = {
-    "probe": ProbeInputs, "ingest": IngestInputs, "mix": MixInputs, "split": SplitInputs,
-    "generate": GenerateInputs, "prepare": PrepareInputs, "extract": ExtractInputs,
-    "train": TrainInputs, "evaluate": EvaluateInputs,
-}

@@ -1,32 +1,63 @@
-"""The one process-lifecycle module: children that die with their parent, and stopping a
-child with everything it started (SIGTERM to its process group, a grace period, SIGKILL).
+"""The one process-lifecycle module: every process draftyard starts (workers/ and app/ call
+`spawn`, nothing else), children that die with their parent, stopping a child with everything
+it started, and the rule that nothing a job starts outlives it (issue 24).
 
-Used by the CLI (`draftyard up` and its worker, the demo's embedded service), the worker's
-supervisor (a stage child) and the stages (vLLM servers, torchrun). Standard library only, so
-app/ and workers/stages/ may both import it (tests/test_layering.py).
+Standard library only, so app/ and workers/stages/ may both import it (tests/test_layering.py).
 
-Why groups: the servers and launchers the stages run (vLLM, torchrun) start their own
-children, and what holds GPU memory is often a grandchild, so a stop waits for the whole
-group, not only its leader. Why PR_SET_PDEATHSIG (`die_with_parent`, for children of a
-process's main thread: the CLI's services, a stage's vLLM server): a parent killed by SIGKILL
-runs no cleanup; the kernel's signal is the only thing that still reaches its child. A stage
-started from a worker's pool thread uses `watch_parent` instead (the signal is tied to the
-forking thread, which outlives a failed supervisor, issue #17).
+The rule, and why this one:
+- **A tag in the environment of every descendant.** The supervisor starts each stage attempt
+  with `DRAFTYARD_ATTEMPT=<deployment>/<job>/<attempt>`; every process below it inherits it
+  (vLLM's engine processes, torchrun and its ranks, whatever comes later). A scan of
+  /proc/*/environ finds them all, also after they were re-parented to init and when they
+  lead sessions of their own (torchrun puts each rank in a new session, so process groups
+  cannot find them). `kill_tagged` SIGKILLs every live process with the tag, repeatedly,
+  until none is left. It is called by the supervisor when the stage ends (by any signal: a
+  SIGKILLed stage runs no cleanup, its supervisor does), by the stage itself when its worker
+  dies (`watch_parent`), and before a new attempt of a job starts (`kill_tagged` of the job's
+  prefix: leftovers of a killed attempt are gone before the retry touches the job's folder).
+- **PR_SET_PDEATHSIG on what we spawn** (`spawn`): the kernel signals a child when the thread
+  that started it dies, even by SIGKILL, which covers the case where the stage and its worker
+  die together and nobody is left to scan. Code that something else starts (torchrun's
+  ranks) arms it itself (`bind_to_parent`) and checks that its parent still carries the tag.
+- **Why not a cgroup:** cgroup.kill (v2) or a freezer (v1) would contain escapes the tag
+  cannot (a process that clears its environment: none of ours do), but the product runs in
+  containers where /sys/fs/cgroup is read-only, so it would be a second path that only some
+  deployments take and the tests would exercise only one of; the tag works the same
+  everywhere. **Why not a subreaper:** it only changes who inherits orphans; the stage would
+  then have to reap them, and the tag scan finds them wherever they were re-parented.
+
+Why groups as well: `spawn` puts each child in a session (group) of its own, so a graceful
+stop (SIGTERM, a grace, SIGKILL) reaches what it started without reaching its parent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 _PR_SET_PDEATHSIG = 1
+
+# The attempt a process belongs to: "<deployment>/<job id>/<attempt>" (see attempt_tag).
+TAG_ENV = "DRAFTYARD_ATTEMPT"
+# The pid of the process that supervises a stage (set by workers/supervisor.py).
+PARENT_ENV = "DRAFTYARD_SUPERVISOR_PID"
+
+
+def _prctl_pdeathsig(sig: int) -> bool:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig) == 0
+    except (OSError, AttributeError):
+        return False  # not Linux: the parent's own cleanup has to do
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
@@ -35,29 +66,134 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
     parent = os.getpid()
 
     def preexec() -> None:  # runs in the child between fork and exec
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
-        except (OSError, AttributeError):
+        if not _prctl_pdeathsig(sig):
             return
         if os.getppid() != parent:  # the parent died before prctl took effect
             os.kill(os.getpid(), sig)
     return preexec
 
 
+def spawn(cmd: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+          log: Path | None = None, stdout: int | IO[Any] | None = None,
+          stderr: int | IO[Any] | None = None, stdin: int | IO[Any] | None = subprocess.DEVNULL,
+          death_signal: int | None = signal.SIGKILL, text: bool = False) -> subprocess.Popen:
+    """Start `cmd` the one way draftyard starts processes: in a session (process group) of its
+    own, so a stop reaches everything it starts; with `death_signal` sent by the kernel when
+    the starting thread dies, even by SIGKILL (None: the caller watches instead, e.g. a stage
+    started from a worker's pool thread, see watch_parent); inheriting the environment, and
+    with it the attempt tag. `log`: append stdout and stderr to this file."""
+    fh = open(log, "ab") if log is not None else None  # noqa: SIM115  the child keeps it
+    try:
+        return subprocess.Popen(
+            list(cmd), env=env, cwd=None if cwd is None else str(cwd), stdin=stdin,
+            stdout=fh if fh is not None else stdout,
+            stderr=subprocess.STDOUT if fh is not None else stderr, text=text,
+            start_new_session=True,
+            preexec_fn=die_with_parent(death_signal) if death_signal else None)
+    finally:
+        if fh is not None:
+            fh.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on now (the kernel's pick); the server binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def signal_group(pgid: int, sig: int) -> None:
     """Signal a process group that may be gone already."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-# The pid of the process that supervises a stage (set by workers/supervisor.py).
-PARENT_ENV = "DRAFTYARD_SUPERVISOR_PID"
+
+
+# --- the attempt tag ----------------------------------------------------------------------
+
+def attempt_tag(deployment: str, job_id: str, attempt: int | None) -> str:
+    """The tag of one attempt of one job of one deployment (its home: two deployments on one
+    machine may share job ids' shapes, never their processes)."""
+    return f"{job_tag(deployment, job_id)}{attempt}"
+
+
+def job_tag(deployment: str, job_id: str) -> str:
+    """The prefix every attempt's tag of this job starts with (ends with '/')."""
+    scope = hashlib.sha256(str(deployment).encode()).hexdigest()[:12]
+    return f"{scope}/{job_id}/"
+
+
+def _environ(pid: int | str) -> dict[str, str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return None  # exited while we looked, or not ours to read
+    return dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+
+
+def _state(pid: int | str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _matches(value: str | None, tag: str) -> bool:
+    """`tag` names one attempt; a tag ending in '/' (job_tag) names every attempt of a job."""
+    return value is not None and (value == tag or (tag.endswith("/") and value.startswith(tag)))
+
+
+def tagged(tag: str) -> list[int]:
+    """Live (non-zombie) processes carrying `tag` (see _matches), from /proc; [] without."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    found = []
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        env = _environ(d.name)
+        if env is not None and _matches(env.get(TAG_ENV), tag) and _state(d.name) not in (
+                None, "Z", "X"):
+            found.append(int(d.name))
+    return found
+
+
+def kill_tagged(tag: str, wait_s: float = 5.0, spare: Sequence[int] = ()) -> list[int]:
+    """SIGKILL every live process carrying `tag` but this one (and `spare`), again and again
+    until none is left (one may fork while we scan) or `wait_s` passed; returns the pids
+    killed. SIGKILL, not SIGTERM: what is left of an attempt whose stage is gone must not go
+    on writing (a torchrun rank told to stop would checkpoint first)."""
+    keep = {os.getpid(), *spare}
+    killed: set[int] = set()
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = [p for p in tagged(tag) if p not in keep]
+        if not pids or time.monotonic() > deadline:
+            return sorted(killed)
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGKILL)
+        killed.update(pids)
+        time.sleep(0.02)
+
+
+def bind_to_parent(sig: int = signal.SIGKILL) -> None:
+    """For our code that something else started (torchrun's ranks): die with the parent,
+    even when it is SIGKILLed. If the parent died before the death signal was armed, we were
+    re-parented already: the new parent does not carry our attempt's tag, so die now."""
+    tag = os.environ.get(TAG_ENV)
+    if not _prctl_pdeathsig(sig) or not tag:
+        return
+    if (_environ(os.getppid()) or {}).get(TAG_ENV) != tag:
+        os.kill(os.getpid(), sig)
 
 
 def watch_parent(poll_s: float = 0.5) -> None:
-    """Kill this process's whole group (the stage and what it started) as soon as the
-    supervising worker process is gone. PR_SET_PDEATHSIG cannot do this: it fires when the
-    *thread* that forked us exits (Celery pool threads outlive a failed supervisor and a
-    worker process outlives them) and it reaches only the direct child, not a vLLM server or
-    torchrun workers in the group. No-op when run alone from a shell."""
+    """Kill this attempt (every process with its tag: torchrun's ranks in their own sessions
+    too) and then this process's whole group as soon as the supervising worker process is
+    gone. PR_SET_PDEATHSIG cannot do this: it fires when the *thread* that forked us exits
+    (Celery pool threads outlive a failed supervisor and a worker process outlives them).
+    No-op when run alone from a shell."""
     want = os.environ.get(PARENT_ENV)
     if not want or not want.isdigit():
         return
@@ -67,6 +203,9 @@ def watch_parent(poll_s: float = 0.5) -> None:
         # before this thread started: compare with the pid recorded at spawn.
         while os.getppid() == int(want):
             time.sleep(poll_s)
+        tag = os.environ.get(TAG_ENV)
+        if tag:
+            kill_tagged(tag)
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=_watch, name="watch-parent", daemon=True).start()
@@ -102,13 +241,12 @@ def groups_where(pred: Callable[[dict[str, str]], bool]) -> set[int]:
     for d in proc.iterdir():
         if not d.name.isdigit():
             continue
+        env = _environ(d.name)
         try:
-            raw = (d / "environ").read_bytes().decode(errors="replace")
-            env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
-            if pred(env) and (pgid := os.getpgid(int(d.name))) != me:
+            if env is not None and pred(env) and (pgid := os.getpgid(int(d.name))) != me:
                 found.add(pgid)
         except OSError:
-            continue  # exited while we looked, or not ours to read
+            continue  # exited while we looked
     return found
 
 
@@ -154,3 +292,32 @@ def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
     kill_group(proc.pid, grace_s, leader=proc)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
+
+
+class Attempt:
+    """The processes of one attempt of a job (what the worker's supervisor starts): `start`
+    first kills whatever an earlier attempt of the job left, then starts the stage with the
+    attempt's tag and the supervisor's pid (watch_parent) in its environment; `sweep`, once
+    the stage has ended by any means, kills every process left with the tag."""
+
+    def __init__(self, deployment: str, job_id: str, attempt: int | None):
+        self.tag = attempt_tag(deployment, job_id, attempt)
+        self.job = job_tag(deployment, job_id)
+        self.proc: subprocess.Popen | None = None
+        self.stale: list[int] = []  # what start killed of earlier attempts
+
+    def start(self, cmd: Sequence[str], *, env: dict[str, str], cwd: str | Path | None = None,
+              log: Path | None = None) -> subprocess.Popen:
+        self.stale = kill_tagged(self.job)
+        env = {**env, TAG_ENV: self.tag, PARENT_ENV: str(os.getpid())}
+        # No death signal: it would be tied to the calling thread (a worker's pool thread);
+        # watch_parent ties the stage to this process instead.
+        self.proc = spawn(cmd, env=env, cwd=cwd, log=log, death_signal=None)
+        return self.proc
+
+    def sweep(self) -> list[int]:
+        """SIGKILL the stage's group and everything else of the attempt (torchrun's ranks in
+        their own sessions, orphans re-parented to init); returns the pids killed."""
+        if self.proc is not None:
+            signal_group(self.proc.pid, signal.SIGKILL)
+        return kill_tagged(self.tag)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ import httpx
 import pytest
 
 from tests.services import test_urls
+from procgroup import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 # Where PostgreSQL and Redis are: tests/services.py (started from PyPI wheels if none answers).
@@ -51,12 +51,6 @@ TEST_ENV = {
 os.environ.update(TEST_ENV)
 (_HOME / "data").mkdir(parents=True, exist_ok=True)
 (_HOME / "models").mkdir(parents=True, exist_ok=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _admin_engine():

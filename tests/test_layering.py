@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 RULES = {
     "app": {"torch", "transformers", "workers", "speculators", "vllm"},
+    # The job domain announces; the scheduler subscribes (app/wiring.py). A job module that
+    # reached into the scheduler would tie the two back together.
+    "app/jobs": {"app.scheduler"},
     "workers/stages": {"app", "sqlalchemy", "celery", "fastapi", "starlette", "uvicorn",
                        "redis", "kombu"},
     # The Python client ships to notebooks: httpx and the standard library only.
@@ -49,7 +52,7 @@ def test_no_import_crosses_the_layers():
         assert files, folder
         for f in files:
             for line, mod in _imports(f):
-                if mod.split(".")[0] in banned:
+                if mod.split(".")[0] in banned or ".".join(mod.split(".")[:2]) in banned:
                     bad.append(f"{f.relative_to(REPO)}:{line} imports {mod}")
     # pydantic_core: pydantic's own core (its PydanticCustomError), installed with it.
     for pkg, allowed in (("contracts", {"pydantic", "pydantic_core", "contracts"}),
@@ -175,3 +178,24 @@ def import_cycles(folder: str) -> list[list[str]]:
 def test_no_import_cycle_in_app():
     cycles = import_cycles("app")
     assert not cycles, "import cycles in app/:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_processes_are_started_only_through_procgroup():
+    """Nothing a job starts may outlive it (issue 24): every process workers/ and app/ start
+    goes through procgroup.spawn (its own group, a death signal, the attempt's tag), so no
+    Popen, new session or preexec_fn of their own. subprocess.run (waited for, in-line) is
+    allowed."""
+    bad = []
+    for top in ("workers", "app"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not isinstance(node, ast.Call):
+                    continue
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                names = [name] + [k.arg for k in node.keywords]
+                hit = [n for n in names if n in ("Popen", "start_new_session", "preexec_fn",
+                                                 "setsid", "fork", "spawnv")]
+                if hit:
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno} {hit}")
+    assert not bad, bad

@@ -13,7 +13,7 @@ from app.core.migrate import alembic_config
 
 def test_duplicates_are_renamed_then_names_are_unique(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    command.upgrade(alembic_config(url), "m25_deployment")
+    command.upgrade(alembic_config(url), "t26a_bounds_bands")
     eng = sa.create_engine(url)
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     with eng.begin() as c:
@@ -43,5 +43,5 @@ def test_duplicates_are_renamed_then_names_are_unique(tmp_path):
             raise AssertionError("the unique index let a duplicate name in")
         except sa.exc.IntegrityError:
             pass
-    command.downgrade(alembic_config(url), "t23a_storage")
+    command.downgrade(alembic_config(url), "t26a_bounds_bands")
     eng.dispose()

@@ -46,3 +46,48 @@ def test_a_child_dies_with_its_parent_even_by_sigkill():
     parent.kill()
     parent.wait()
     wait_for(lambda: _gone(child), 5, 0.05, "the child to die with its parent")
+
+
+def test_kill_tagged_finds_the_attempt_in_other_sessions_and_after_re_parenting():
+    """What a process group cannot find: a descendant in a session of its own (as torchrun
+    starts its ranks) whose parent has exited (re-parented to init or a subreaper)."""
+    from procgroup import TAG_ENV, job_tag, kill_tagged, tagged
+
+    tag = job_tag("procgroup-test", "j1") + "1"
+    env = {**os.environ, TAG_ENV: tag}
+    p = subprocess.Popen(["bash", "-c", "setsid sleep 60 & echo $!"], stdout=subprocess.PIPE,
+                         text=True, env=env)
+    orphan = int(p.stdout.readline())
+    p.wait()
+    wait_for(lambda: not _gone(orphan) and os.getsid(orphan) == orphan, 5, 0.05, "setsid")
+    assert tagged(tag) == [orphan]
+    assert tagged(job_tag("procgroup-test", "j1")) == [orphan]  # every attempt of the job
+    assert tagged(job_tag("procgroup-test", "j2")) == [] and tagged(tag + "0") == []
+    assert kill_tagged(tag) == [orphan]
+    assert _gone(orphan) and tagged(tag) == []
+
+
+def test_bind_to_parent_dies_with_the_parent_and_refuses_a_stranger():
+    """torchrun's ranks arm their own death signal: killed with their parent even by
+    SIGKILL; and a rank whose parent is already gone (re-parented to a process without the
+    attempt's tag) dies at once instead of training as an orphan."""
+    from procgroup import TAG_ENV
+
+    env = {**os.environ, TAG_ENV: "t/j/1", "PYTHONPATH": str(REPO)}
+    child = ("import time; from procgroup import bind_to_parent; bind_to_parent(); "
+             "print('armed', flush=True); time.sleep(60)")
+    parent_code = ("import subprocess, sys, time; "
+                   f"p = subprocess.Popen([sys.executable, '-c', {child!r}]); "
+                   "print(p.pid, flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE,
+                              text=True, cwd=REPO, env=env)
+    rank = int(parent.stdout.readline())
+    time.sleep(1.0)
+    assert not _gone(rank)
+    parent.kill()
+    parent.wait()
+    wait_for(lambda: _gone(rank), 5, 0.05, "the rank to die with its parent")
+    # This test process does not carry the tag: a child claiming it dies when it binds.
+    stranger = subprocess.Popen([sys.executable, "-c", child], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, text=True)
+    assert stranger.wait(10) == -signal.SIGKILL and stranger.stdout.read() == ""

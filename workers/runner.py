@@ -4,7 +4,6 @@ final status, GPUs released; the lifecycle subscribers do the rest)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -17,13 +16,14 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import db_now, unit_of_work
-from app.jobs.inputs import InputDeleted, Unresolved, resolve
+from app.jobs.inputs import InputDeleted, resolve
 from app.jobs.logs import read_tail
-from app.jobs.service import (add_event, cas_status, release_gpus, requeue_preempted,
-                              transition)
+from app.jobs.service import add_event, cas_status, requeue_preempted, transition
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, Job
 from app.scheduler.reaper import fence_s, give_up_s
+from contracts.spec import StageSpec
+from workers.attempt import Attempt
 from workers.publish import ArtifactMissing, Published, publish_artifacts, unpublish
 from workers.supervisor import StageOutcome, Supervisor, retrying
 
@@ -73,26 +73,21 @@ def scratch_dir(job_id: str, attempt: int) -> Path:
     return d
 
 
-def prepare_spec(job_id: str) -> tuple[Path, Path, list[int], str, int]:
+def prepare_attempt(job_id: str) -> Attempt:
+    """The claimed job's attempt: its inputs resolved (once), its GPUs, its spec written."""
     with unit_of_work() as s:
         job = s.get(Job, job_id)
         resolved = resolve(s, job)
         gpus = [g.index for g in s.scalars(select(Gpu).where(Gpu.job_id == job_id)
                                            .order_by(Gpu.index))]
         jd = _job_dir(job_id)
-        out_dir = jd / f"out-{job.attempt}"
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
         scratch = scratch_dir(job_id, job.attempt)
-        events = scratch / "events.jsonl"
-        spec = {"job_id": job.id, "type": job.type, "attempt": job.attempt,
-                "params": job.params, "inputs": resolved, "out_dir": str(out_dir),
-                "work_dir": str(jd / "work"), "scratch_dir": str(scratch),
-                "events_path": str(events),
-                "gpus": gpus, "home": str(get_settings().home), "roots": spec_roots()}
-        spec_path = scratch / "spec.json"
-        spec_path.write_text(json.dumps(spec, indent=1, default=str))
-        return spec_path, events, gpus, job.type, job.attempt
+        spec = StageSpec.in_folder(job.type, jd, scratch, attempt=job.attempt, job_id=job.id,
+                                   params=job.params, inputs=resolved, gpus=gpus,
+                                   roots=spec_roots())
+        shutil.rmtree(spec.out_dir, ignore_errors=True)  # what a killed try left
+        return Attempt(job.id, job.attempt, jd, spec, spec.write(scratch / "spec.json"),
+                       _input_ids(resolved))
 
 
 def _input_ids(resolved: dict) -> list[str]:
@@ -111,48 +106,44 @@ def _ours(job: Job, attempt: int | None) -> bool:
                                job.status in (S.running.value, S.cancelling.value))
 
 
-def finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | None = None) -> None:
+def finish(att: Attempt, outcome: StageOutcome) -> None:
     """Publish the attempt's artifacts (files) and record the outcome (DB), under the job's
     row lock: the reaper (SKIP LOCKED) cannot requeue the job meanwhile. All or nothing: if the
     commit fails (DB down), the artifacts that were moved go back into out_dir, so a retry
     finds them where the stage left them (issue 17)."""
     moved: list[tuple[Path, Path]] = []
     try:
-        _finish(job_id, outcome, out_dir, attempt, moved)
+        _finish(att, outcome, moved)
     except BaseException:
         unpublish(moved)
         raise
-    shutil.rmtree(out_dir, ignore_errors=True)
+    shutil.rmtree(att.out_dir, ignore_errors=True)
 
 
-def _finish(job_id: str, outcome: StageOutcome, out_dir: Path, attempt: int | None,
-            moved: list[tuple[Path, Path]]) -> None:
+def _finish(att: Attempt, outcome: StageOutcome, moved: list[tuple[Path, Path]]) -> None:
     with unit_of_work() as s:
-        job = s.get(Job, job_id, with_for_update=True)
-        if outcome.lost or not _ours(job, attempt):
+        job = s.get(Job, att.job_id, with_for_update=True)
+        if outcome.lost or not _ours(job, att.number):
             log.warning("job %s attempt %s: no longer owned by this worker (now %s, attempt "
-                        "%s); nothing recorded", job_id, attempt, job.status, job.attempt)
+                        "%s); nothing recorded", att.job_id, att.number, job.status,
+                        job.attempt)
             return
         published: list[Published] = []
         missing = None
-        inputs: list[str] = []
         if outcome.returncode == 0 and job.status in (S.running.value, S.cancelling.value):
             try:
-                inputs = _input_ids(resolve(s, job))
-            except Unresolved:
-                pass
-            try:
-                published = publish_artifacts(outcome.artifacts, out_dir,
-                                              get_settings().artifacts_dir, job_id=job_id,
-                                              inputs=inputs, params=job.params, moved=moved)
+                published = publish_artifacts(outcome.artifacts, att.out_dir,
+                                              get_settings().artifacts_dir, job_id=att.job_id,
+                                              inputs=att.input_ids, params=job.params,
+                                              moved=moved)
             except ArtifactMissing as e:
                 missing = e
-        record_outcome(s, job, outcome, published, inputs, missing)
+        record_outcome(s, job, outcome, published, att.input_ids, missing)
 
 
 def record_outcome(s: Session, job: Job, outcome: StageOutcome, published: list[Published],
                    inputs: list[str], missing: ArtifactMissing | None = None) -> None:
-    """The job's end in the DB only: artifact rows, final status, GPUs released. What follows
+    """The job's end in the DB only: artifact rows, final status (which frees the GPUs). What follows
     from the status (dataset, run, scheduler) is the lifecycle subscribers' (app/wiring.py)."""
     status = S(job.status)
     if missing is not None:
@@ -176,8 +167,8 @@ def record_outcome(s: Session, job: Job, outcome: StageOutcome, published: list[
                                                "message": "cancelled while running"})
     elif status == S.running:
         transition(s, job, S.failed, error=_stage_error(job.id, outcome))
-    # else: the reaper or a cancel already moved it on; nothing to record.
-    release_gpus(s, job.id)
+    # else: the reaper or a cancel already moved it on; nothing to record. Each transition
+    # out of running/cancelling gave the job's GPUs back.
 
 
 def _stage_error(job_id: str, outcome: StageOutcome) -> dict:
@@ -202,36 +193,32 @@ def run_job(job_id: str, node: str) -> str:
                     get_settings().stale_after_s / 2):
         log.info("job %s: nothing to claim (duplicate or stale delivery)", job_id)
         return "skipped"
-    out_dir = None
-    attempt = None
+    att: Attempt | None = None
     sup = None
-    spec_path = None
     try:
-        spec_path, events, gpus, type_, attempt = retrying(
-            lambda: prepare_spec(job_id), f"job {job_id}: spec", give_up_s())
-        out_dir = Path(json.loads(spec_path.read_text())["out_dir"])
-        sup = Supervisor(job_id, type_, spec_path, _job_dir(job_id), events, gpus, attempt)
+        att = retrying(lambda: prepare_attempt(job_id), f"job {job_id}: spec", give_up_s())
+        sup = Supervisor(att.job_id, att.type, att.spec_path, att.job_dir, att.events_path,
+                         att.gpus, att.number)
         sup.start()
         outcome = sup.watch()
         # The stage has ended: no process to fence, so keep trying to record its outcome
         # until the reaper would take the job anyway (then finish records nothing).
-        retrying(lambda: finish(job_id, outcome, out_dir, attempt), f"job {job_id}: finish",
-                 fence_s())
+        done = att
+        retrying(lambda: finish(done, outcome), f"job {job_id}: finish", fence_s())
     except Exception as e:  # noqa: BLE001  infrastructure failure: record it, never hang
         if sup is not None:
             sup.kill()  # nothing of this attempt may outlive its supervisor
         log.exception("job %s failed in the worker", job_id)
         with unit_of_work() as s:
             job = s.get(Job, job_id, with_for_update=True)
-            if attempt is None or _ours(job, attempt):
+            if _ours(job, att.number if att is not None else None):
                 if job.status in (S.running.value, S.cancelling.value):
                     err = ({"code": "input_deleted", "message": str(e)}
                            if isinstance(e, InputDeleted)
                            else {"code": "worker_error", "message": f"{type(e).__name__}: {e}"})
                     transition(s, job, S.failed, error=err)
-                release_gpus(s, job_id)
     finally:
-        if spec_path is not None:  # the node-local scratch of this attempt
-            shutil.rmtree(spec_path.parent, ignore_errors=True)
+        if att is not None:  # the node-local scratch of this attempt
+            shutil.rmtree(att.scratch, ignore_errors=True)
     # No explicit nudge: the final transition wakes the scheduler (app/wiring.py).
     return "done"

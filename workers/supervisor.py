@@ -7,7 +7,13 @@ its events wait in the events file while the supervisor retries with backoff. On
 `give_up_s` without one successful heartbeat does it give up, and then it kills the stage's
 process group first: the reaper requeues a job only once its heartbeat is `fence_s` old
 (app/scheduler/reaper.py), by which time the old attempt is surely dead. The stage itself dies
-with the worker process (procgroup.watch_parent), whichever thread started it."""
+with the worker process (procgroup.watch_parent), whichever thread started it.
+
+Nothing outlives its attempt (issue 24): the stage and all it starts carry the attempt's tag
+(procgroup.TAG_ENV); when the stage ends, by any signal, the supervisor kills every process
+left with that tag (torchrun's ranks live in sessions of their own, so the stage's process
+group does not hold them), and before an attempt starts it kills whatever an earlier attempt
+of the same job left."""
 
 from __future__ import annotations
 
@@ -29,13 +35,17 @@ from app.core.db import db_now, unit_of_work, utcnow
 from app.jobs.service import add_event
 from app.models import Job
 from app.scheduler.reaper import give_up_s
-from procgroup import PARENT_ENV, signal_group
+from procgroup import Attempt, signal_group
 
 log = logging.getLogger("draftyard.supervisor")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOST = "lost"  # _pump_events: this attempt no longer owns the job
 PREEMPTING = "preempting"  # _pump_events: running, and the scheduler asked it to yield
 BACKOFF_MAX_S = 2.0  # retry the DB at least this often during an outage: recovery is quick
+# At most one progress event row per this many seconds of the stage's clock (the first and the
+# final one always): the job's `progress` field still follows every report, so rows per job
+# grow with its duration, never with its record rate (issue 22).
+PROGRESS_EVENT_S = 1.0
 
 
 class GaveUp(RuntimeError):
@@ -101,10 +111,12 @@ class Supervisor:
         self.settings = get_settings()
         self._events_pos = 0
         self._rate = _Rate()
+        self._progress_event_at: float | None = None
         self.error: dict | None = None
         self.result: dict | None = None
         self.artifacts: list[dict] = []
         self.proc: subprocess.Popen | None = None
+        self.processes = Attempt(str(self.settings.home), job_id, attempt)
 
     # -- child process --------------------------------------------------------------------
     def start(self) -> None:
@@ -114,16 +126,18 @@ class Supervisor:
         env["PYTHONUNBUFFERED"] = "1"
         env["DRAFTYARD_JOB_ID"] = self.job_id
         env["TMPDIR"] = str(self.spec_path.parent)  # node-local scratch (workers/runner.py)
-        env[PARENT_ENV] = str(os.getpid())  # the stage dies when this process does
-        logf = open(self.job_dir / "log.txt", "ab")  # noqa: SIM115 (kept by the child)
-        logf.write(f"--- {utcnow().isoformat()} stage {self.type} starting "
-                   f"(CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})\n".encode())
-        logf.flush()
-        self.proc = subprocess.Popen(
+        log_path = self.job_dir / "log.txt"
+        with open(log_path, "ab") as logf:
+            logf.write(f"--- {utcnow().isoformat()} stage {self.type} starting "
+                       f"(CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})\n".encode())
+        # The stage dies with this process, and so does everything it starts (procgroup);
+        # leftovers of an earlier attempt of this job are killed first.
+        self.proc = self.processes.start(
             [sys.executable, "-m", "workers.stages", self.type, "--spec", str(self.spec_path)],
-            stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=str(self.job_dir), start_new_session=True)
-        logf.close()
+            env=env, cwd=self.job_dir, log=log_path)
+        if self.processes.stale:
+            log.warning("job %s: killed %d process(es) an earlier attempt left: %s",
+                        self.job_id, len(self.processes.stale), self.processes.stale)
 
         def _started():
             with unit_of_work() as s:
@@ -132,13 +146,23 @@ class Supervisor:
         retrying(_started, f"job {self.job_id}: start event", give_up_s())
 
     def _signal_group(self, sig: int) -> None:
-        signal_group(self.proc.pid, sig)  # start_new_session: its group id is its pid
+        signal_group(self.proc.pid, sig)  # spawn: a group of its own, whose id is its pid
 
     def kill(self) -> None:
-        """SIGKILL the stage's whole group and reap the leader (before giving the job up)."""
+        """SIGKILL the stage's whole group and everything of the attempt, and reap the leader
+        (before giving the job up)."""
         if self.proc is not None:
             self._signal_group(signal.SIGKILL)
             self.proc.wait()
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """Kill what is left of this attempt once its stage is gone (torchrun and its ranks
+        after a SIGKILLed stage, a vLLM engine process): nothing outlives the attempt."""
+        left = self.processes.sweep()
+        if left:
+            log.warning("job %s attempt %s: killed %d process(es) the stage left: %s",
+                        self.job_id, self.attempt, len(left), left)
 
     # -- the watch loop -------------------------------------------------------------------
     def watch(self) -> StageOutcome:
@@ -196,8 +220,8 @@ class Supervisor:
                 self._signal_group(signal.SIGKILL)
                 killed = True
             if rc is not None:
-                # Stragglers of the group (a vLLM server, torchrun workers) go with the stage.
-                self._signal_group(signal.SIGKILL)
+                # Stragglers (a vLLM server, torchrun and its ranks) go with the stage.
+                self._sweep()
                 # The last events were read by the pump above (after the exit), committed.
                 return StageOutcome(rc, cancel_at is not None and not preempted, self.error,
                                     self.result, self.artifacts, preempted=preempted)
@@ -259,7 +283,10 @@ class Supervisor:
             total, done = data.get("total"), data.get("done") or 0
             eta = (total - done) / rate if rate and total else None
             job.progress = {**data, "rate": rate, "eta_s": eta}
-            add_event(s, job.id, "progress", job.progress)
+            last = self._progress_event_at
+            if last is None or t - last >= PROGRESS_EVENT_S or (total and done >= total):
+                self._progress_event_at = t
+                add_event(s, job.id, "progress", job.progress)
         elif kind in ("metric", "warning", "log"):
             add_event(s, job.id, kind, data)
         elif kind == "artifact":

@@ -11,6 +11,7 @@ from app.core.auth import Principal, current_user
 from app.core.db import request_session
 from app.core.errors import NotFound
 from app.core.pagination import Page, list_body, page_params, paginate
+from app.core.paths import shown
 from app.artifacts.schemas import ArtifactList, ArtifactRead
 from app.core.reads import typed
 from app.models import Artifact
@@ -21,11 +22,14 @@ router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 DB = Depends(request_session, scope="function")
 
 
-def artifact_read(a: Artifact) -> dict:
-    return {"id": a.id, "kind": a.kind, "uri": a.uri, "bytes": a.bytes, "files": a.files,
-            "created_at": a.created_at, "producer_job": a.producer_job, "inputs": a.inputs,
-            "meta": a.meta, "owner": a.owner_id, "deleted_at": a.deleted_at,
-            "deleted_by": a.deleted_by, "bytes_freed": a.bytes_freed}
+def artifact_read(a: Artifact, user: Principal) -> dict:
+    """A member sees `uri` (and paths in `meta`, the serving command's) relative to the
+    artifact store and roots: `artifacts:drafter/art_...` (app/core/paths.shown)."""
+    return shown({"id": a.id, "kind": a.kind, "uri": a.uri, "bytes": a.bytes, "files": a.files,
+                  "created_at": a.created_at, "producer_job": a.producer_job,
+                  "inputs": a.inputs, "meta": a.meta, "owner": a.owner_id,
+                  "deleted_at": a.deleted_at, "deleted_by": a.deleted_by,
+                  "bytes_freed": a.bytes_freed}, user)
 
 
 def _get(session: Session, art_id: str) -> Artifact:
@@ -45,19 +49,20 @@ def list_artifacts(kind: str | None = None, job_id: str | None = None,
     if job_id:
         stmt = stmt.where(Artifact.producer_job == job_id)
     rows, more, nxt = paginate(session, stmt, Artifact.id, page)
-    return typed(list_body([artifact_read(a) for a in rows], more, nxt))
+    return typed(list_body([artifact_read(a, user) for a in rows], more, nxt))
 
 
 @router.get("/{art_id}", response_model=ArtifactRead)
 def get_artifact(art_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return typed(artifact_read(_get(session, art_id)))
+    return typed(artifact_read(_get(session, art_id), user))
 
 
 @router.delete("/{art_id}", response_model=ArtifactRead)
 def delete_artifact(art_id: str, user: Principal = Depends(current_user),
                     session: Session = DB):
     """Files removed, the row kept as a tombstone (app/storage/delete.py); 409 while in use."""
-    return typed(artifact_read(delete.delete_artifact(session, user, _get(session, art_id))))
+    return typed(artifact_read(delete.delete_artifact(session, user, _get(session, art_id)),
+                               user))
 
 
 @router.get("/{art_id}/files/{path:path}")

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
 
 from app.core.config import get_settings
-from procgroup import stop_group
+from procgroup import spawn, stop_group
 from draftyard import Client
 
 
 def start_embedded(port: int) -> subprocess.Popen:
     s = get_settings()
     s.home.mkdir(parents=True, exist_ok=True)
-    log = open(s.home / "server.log", "ab")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "up", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # Dies with the demo that started it, even when the demo is SIGKILLed.
+    proc = spawn([sys.executable, "-m", "app.cli.main", "up", "--port", str(port)],
+                 log=s.home / "server.log", stdin=None, death_signal=signal.SIGTERM)
     deadline = time.time() + 90
     with Client(f"http://127.0.0.1:{port}", timeout=2) as c:
         while time.time() < deadline:

@@ -11,7 +11,7 @@ import uvicorn
 
 from app.cli.view import console
 from app.core.config import get_settings
-from procgroup import die_with_parent, stop_group
+from procgroup import spawn, stop_group
 
 
 def bootstrap(migrate: bool = True) -> None:
@@ -34,11 +34,9 @@ def start_worker(node: str = "local", gpus: str | None = None) -> subprocess.Pop
     if gpus:
         argv += ["--gpus", gpus]
     s = get_settings()
-    log = open(s.home / "worker.log", "ab")  # noqa: SIM115
     # The worker dies with `up` (PR_SET_PDEATHSIG): uvicorn re-raises SIGTERM after its
     # graceful shutdown, so atexit alone would leave an orphan worker behind.
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=die_with_parent(signal.SIGTERM))
+    proc = spawn(argv, log=s.home / "worker.log", stdin=None, death_signal=signal.SIGTERM)
     atexit.register(stop_group, proc, 10.0)
     return proc
 

@@ -13,6 +13,7 @@ from app.core.db import db_now, utcnow
 from app.core.errors import Forbidden, NotFound
 from app.jobs.lifecycle import queue_changed
 from app.jobs.render import jobs_read
+from app.jobs.states import ACTIVE, WAITING
 from app.models import Gpu, Job, Node, User
 from app.scheduler.reads import usage_by_owner
 
@@ -94,15 +95,15 @@ def nodes_view(session: Session) -> list[dict]:
 
 def queue_view(session: Session) -> dict:
     active = list(session.scalars(select(Job).where(
-        Job.status.in_(("dispatched", "running", "cancelling"))).order_by(Job.started_at)))
-    waiting = list(session.scalars(select(Job).where(Job.status.in_(("queued", "pending")))
+        Job.status.in_(ACTIVE)).order_by(Job.started_at)))
+    waiting = list(session.scalars(select(Job).where(Job.status.in_(WAITING))
                                    .order_by(Job.queue_position.is_(None), Job.queue_position,
                                              Job.created_at).limit(500)))
     names = dict(session.execute(select(User.id, User.name)).all())
     usage = usage_by_owner(session, utcnow())
     counts = {o: (int(n), int(g or 0)) for o, n, g in session.execute(
         select(Job.owner_id, func.count(), func.sum(Job.gpus_requested))
-        .where(Job.status.in_(("queued", "pending"))).group_by(Job.owner_id))}
+        .where(Job.status.in_(WAITING)).group_by(Job.owner_id))}
     users = sorted(set(usage) | set(counts))
     return {
         "running": jobs_read(session, active),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,6 +28,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = 8 * 1024**2
     # Plans run a child process of up to 120 s each: a few at once per API instance.
     max_concurrent_plans: int = 2
+    # The per-GPU rates behind the plan's time estimates, as a JSON object overriding any of
+    # workers/stages/plan_time.py DEFAULT_RATES (e.g. {"decode_tokens_per_s_per_gpu": 2400}
+    # measured for the target on this hardware). Issue 22.
+    plan_rates: dict[str, Any] = Field(default_factory=dict)
     env: str = "development"  # "production" refuses the embedded defaults
     # Scheduler and worker timing. Heartbeats every few seconds; a job or node silent for
     # `stale_after_s` is reaped (issue 10 asks for requeue within 60 s).
@@ -38,6 +43,10 @@ class Settings(BaseSettings):
     # A big job may be passed by smaller ones only for this long (aging bound).
     backfill_bound_s: float = 300.0
     cpu_slots: int = 2  # concurrent CPU (gpus=0) jobs per node
+    # Priority bands (issue 26 item 6): the highest priority a member's job may have unless an
+    # admin granted the user more (users.max_priority). The default priority itself: a
+    # member orders their own jobs below it but cannot preempt anyone's default-priority work.
+    member_max_priority: int = 50
     # Node-local scratch (issue 25): one folder per attempt with the stage's spec, events file
     # and TMPDIR; nothing a retry on another node needs (that stays under home, the shared
     # folder: app/cluster/shared.py). Empty: under the job's folder in home.

@@ -23,15 +23,17 @@ from app.core.names import check_name_free
 from app.core.ids import new_id
 from app.core.paths import resolve_inside
 from app.jobs.lifecycle import StatusChanged
-from app.jobs.schemas import JobCreate, JobType
+from app.jobs.schemas import JobCreate
 from app.jobs.service import create_job
-from app.jobs.states import TERMINAL
+from app.jobs.states import TERMINAL, WAITING
+from app.jobs.states import JobStatus as S
 from app.models import Artifact, Dataset, Job
 from app.scheduler.service import lock
 from app.storage.delete import may_delete, refuse_if_needed, tombstone
+from contracts.jobtypes import JobType
 
 FORMATS = ("auto", "openai", "sharegpt", "alpaca", "openorca", "oasst", "ultrachat", "magicoder",
-           "evol_codealpaca", "prompt")
+           "evol_codealpaca", "prompt", "oasst_flat")
 SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".parquet", ".gz", ".zst")
 
 
@@ -175,7 +177,7 @@ def on_job_status(session: Session, ev: StatusChanged) -> None:
     ds = session.scalar(select(Dataset).where(Dataset.job_id == job.id))
     if ds is None:
         return
-    if job.status == "succeeded" and job.outputs:
+    if job.status == S.succeeded and job.outputs:
         art = session.get(Artifact, job.outputs[0])
         assert art is not None, job.outputs  # recorded in the transaction that succeeded it
         m = art.meta or {}
@@ -186,10 +188,10 @@ def on_job_status(session: Session, ev: StatusChanged) -> None:
         ds.rejected_sample = m.get("rejected_sample", [])
         ds.stats = m.get("stats", {})
         ds.error = None
-    elif job.status in ("failed", "cancelled"):
+    elif job.status in (S.failed, S.cancelled):
         ds.status = "failed"
         ds.error = {k: v for k, v in (job.error or {}).items() if k in ("code", "message", "details")}
-    elif job.status in ("queued", "pending"):
+    elif job.status in WAITING:
         ds.status = "ingesting"
 
 

@@ -10,8 +10,9 @@ from typing import Any
 import orjson
 from sqlalchemy.orm import Session
 
-from app.jobs import catalog
+from app.jobs.states import JobStatus as S
 from app.models import Artifact, Dataset, Job, Target
+from contracts.jobtypes import JOB_TYPES
 
 
 class Unresolved(Exception):
@@ -53,7 +54,7 @@ def resolve_ref(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
         ref = {"job": ref}
     if isinstance(ref, dict) and "job" in ref:
         job = session.get(Job, ref["job"])
-        if job is None or job.status != "succeeded":
+        if job is None or job.status != S.succeeded:
             raise Unresolved(f"job {ref['job']} has not succeeded")
         arts = [a for a in (session.get(Artifact, x) for x in job.outputs) if a is not None]
         want = ref.get("output")
@@ -83,7 +84,7 @@ def resolve_ref(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
 
 
 def resolve(session: Session, job: Job) -> dict[str, Any]:
-    allowed = catalog.INPUTS[job.type]
+    allowed = JOB_TYPES[job.type].accepts
     out: dict[str, Any] = {}
     for name, ref in (job.inputs or {}).items():
         if job.type == "ingest":
@@ -110,5 +111,5 @@ def fingerprint(job: Job, resolved: dict[str, Any]) -> str:
         return v
 
     body = {"type": job.type, "inputs": {k: ident(v) for k, v in resolved.items()},
-            "params": job.params, "version": catalog.STAGE_VERSIONS.get(job.type, 1)}
+            "params": job.params, "version": JOB_TYPES[job.type].version}
     return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()

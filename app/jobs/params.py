@@ -1,39 +1,24 @@
-"""Typed params per job type, checked at submit so a bad spec is a 422 that names the field
-before anything is queued. The stage types' models live in `contracts/` (shared with the
-stages, which validate again: each can run alone from a shell)."""
+"""Params checked at submit so a bad spec is a 422 that names the field before anything is
+queued. Each type's model is named in its definition (contracts/jobtypes.py), shared with the
+stages, which validate again: each can run alone from a shell."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from app.core.errors import Invalid
-from contracts import STAGE_PARAMS
+from contracts.jobtypes import JOB_TYPES
+from contracts.probe import ProbeParams
 from contracts.target import looks_like_template_path, template_path_message
-
-
-class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ProbeParams(_Params):
-    # An hour is plenty to test a queue or a cancel; a day-long sleep only holds a slot.
-    sleep_s: float = Field(0.0, ge=0, le=3600)
-    fail: bool = False
-    steps: int = Field(10, ge=1, le=100000)
-    # false: skip importing torch (no device list; the stage starts in ~0.2 s, not ~3 s)
-    import_torch: bool = True
-
-
-PARAMS: dict[str, type[BaseModel]] = {"probe": ProbeParams, **STAGE_PARAMS}
 
 
 def validate_params(type_: str, params: dict[str, Any]) -> dict[str, Any]:
     """The params as stored on the job: validated and coerced, but only the fields the user
     set (defaults stay the stage's, so a stage version with new defaults is not hidden by
     values frozen at submit). Probe params are stored whole."""
-    model = PARAMS[type_]
+    model = JOB_TYPES[type_].params
     tmpl = params.get("chat_template") if isinstance(params, dict) else None
     if isinstance(tmpl, str) and looks_like_template_path(tmpl):
         raise Invalid(template_path_message(tmpl, "params.chat_template"),

@@ -7,8 +7,10 @@ from sqlalchemy.orm import Session
 from app.core.config import get_settings
 from app.core.db import utcnow
 from app.jobs.service import gpus_of
+from app.jobs.states import ACTIVE, WAITING
+from app.jobs.states import JobStatus as S
 from app.models import Job
-from app.scheduler.preempt import HOUR_S, recent
+from app.jobs.preemption import HOUR_S, recent
 
 
 def preemption_read(job: Job) -> dict | None:
@@ -26,7 +28,7 @@ def preemption_read(job: Job) -> dict | None:
     out["count_last_hour"] = len(hist)
     out["protected_until"] = (datetime.fromtimestamp(min(hist) + HOUR_S, timezone.utc)
                               if len(hist) >= cap else None)
-    if job.status in ("queued", "pending"):
+    if job.status in WAITING:
         out["may_resume"] = (f"as soon as {job.gpus_requested} GPUs are free on one node "
                              "(it keeps its place in the queue and resumes from its last "
                              "checkpoint); now: " + (job.pending_reason or "being scheduled"))
@@ -39,19 +41,19 @@ def job_read(job: Job, gpus: list[dict] | None = None) -> dict:
         "id": job.id, "type": job.type, "name": job.name, "owner": job.owner_id,
         "status": job.status, "priority": job.priority, "gpus_requested": job.gpus_requested,
         "gpus_assigned": gpus or [], "held": job.held, "node": job.node,
-        "queue_position": job.queue_position if job.status in ("pending", "queued") else None,
-        "pending_reason": job.pending_reason if job.status in ("pending", "queued") else None,
+        "queue_position": job.queue_position if job.status in WAITING else None,
+        "pending_reason": job.pending_reason if job.status in WAITING else None,
         "inputs": job.inputs, "params": job.params, "progress": job.progress,
         "outputs": job.outputs, "metrics_summary": job.metrics_summary or {},
         "error": err, "attempt": job.attempt, "reused_from": job.reused_from,
         "created_at": job.created_at, "started_at": job.started_at,
         "finished_at": job.finished_at, "run_id": job.run_id, "run_stage": job.run_stage,
         "preemptible": job.preemptible,
-        "preempting_for": job.preempt_by if job.status == "running" else None,
+        "preempting_for": job.preempt_by if job.status == S.running else None,
         "preemption": preemption_read(job),
     }
 
 
 def jobs_read(session: Session, jobs: list[Job]) -> list[dict]:
-    g = gpus_of(session, [j.id for j in jobs if j.status in ("dispatched", "running", "cancelling")])
+    g = gpus_of(session, [j.id for j in jobs if j.status in ACTIVE])
     return [job_read(j, g.get(j.id)) for j in jobs]

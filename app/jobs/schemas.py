@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.bounds import JsonObject
-
-
-class JobType(StrEnum):
-    ingest = "ingest"
-    mix = "mix"
-    split_ = "split"  # the name `split` would shadow str.split
-    generate = "generate"
-    prepare = "prepare"
-    extract = "extract"
-    train = "train"
-    evaluate = "evaluate"
-    probe = "probe"
+from contracts.jobtypes import JobType
 
 
 class JobCreate(BaseModel):

@@ -16,15 +16,14 @@ from app.core.errors import Conflict, Forbidden, Invalid, NotFound
 from app.core.ids import new_id
 from app.core.pagination import Page, paginate
 from app.core.paths import resolve_inside
-from app.jobs import catalog
 from app.jobs.inputs import InputDeleted, Unresolved, resolve_ref
 from app.jobs.lifecycle import announce, queue_changed
+from app.jobs.preemption import recent
 from app.jobs.schemas import JobCreate
-from app.jobs.states import TERMINAL, IllegalTransition, JobStatus, check
+from app.jobs.states import ACTIVE, TERMINAL, IllegalTransition, JobStatus, check
 from app.models import Artifact, Dataset, Gpu, GpuLease, Job, JobEvent, Target, User
-from app.scheduler.preempt import recent
-from app.scheduler.reads import no_gpu_node_reason
-from contracts.inputs import STAGE_INPUTS
+from app.users.service import check_priority
+from contracts.jobtypes import JOB_TYPES, RESUMABLE
 
 S = JobStatus
 
@@ -37,10 +36,9 @@ def add_event(session: Session, job_id: str, kind: str, data: dict) -> None:
 
 def transition(session: Session, job: Job, new: S, *, reason: str | None = None,
                **fields: Any) -> None:
-    """Move `job` to `new` (checked), set fields, record a status event, and announce the
-    change (app/jobs/lifecycle.py): the only way a job's status changes, besides
-    `cas_status` and the scheduler's bulk dispatch (queued -> dispatched, which only the
-    scheduler itself cares about)."""
+    """Move `job` to `new` (checked), set fields, record a status event, free its GPUs if it
+    leaves an active state, and announce the change (app/jobs/lifecycle.py). The only way a
+    job's status changes, with its bulk twins `cas_status` and `dispatched` below."""
     try:
         check(job.status, new)
     except IllegalTransition as e:
@@ -61,6 +59,15 @@ def transition(session: Session, job: Job, new: S, *, reason: str | None = None,
     if reason:
         data["reason"] = reason
     add_event(session, job.id, "status", data)
+    _after(session, job, old, new)
+
+
+def _after(session: Session, job: Job, old: str, new: S) -> None:
+    """What every status change does once the row says `new`: a job leaving an active state
+    gives its GPUs back (before the subscribers run: the scheduler they wake sees them free),
+    then the change is announced."""
+    if old in ACTIVE and new not in ACTIVE:
+        _release_gpus(session, job.id)
     announce(session, job, old, new.value)
 
 
@@ -75,8 +82,20 @@ def cas_status(session: Session, job_id: str, old: S, new: S, **fields: Any) -> 
     add_event(session, job_id, "status", {"from": old.value, "to": new.value})
     job = session.get(Job, job_id)  # the ORM update above synchronised it if it was loaded
     if job is not None:
-        announce(session, job, old.value, new.value)
+        _after(session, job, old.value, new)
     return True
+
+
+def dispatched(session: Session, job_ids: list[str]) -> None:
+    """Announce queued -> dispatched for jobs the scheduler moved in bulk (one conditional
+    statement per job, which also wrote their status event and leases: app/scheduler/
+    service.py). One read for all of them; the rows are re-read, not taken from the session,
+    which may hold them as they were before the bulk statement."""
+    if not job_ids:
+        return
+    for job in session.scalars(select(Job).where(Job.id.in_(job_ids))
+                               .execution_options(populate_existing=True)):
+        announce(session, job, S.queued.value, S.dispatched.value)
 
 
 # ---- creation ---------------------------------------------------------------------------
@@ -140,7 +159,7 @@ def _not_deleted(session: Session, ref: Any, name: str, kinds: tuple[str, ...]) 
 
 def _check_shape(type_: str, inputs: dict) -> None:
     try:
-        STAGE_INPUTS[type_].model_validate(inputs)
+        JOB_TYPES[type_].inputs.model_validate(inputs)
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err.get("loc", ()))
@@ -160,8 +179,8 @@ def ingest_source(raw: str) -> Path:
 
 
 def check_inputs(session: Session, type_: str, inputs: dict) -> list[str]:
-    allowed = catalog.INPUTS[type_]
-    for req in catalog.REQUIRED[type_]:
+    allowed = JOB_TYPES[type_].accepts
+    for req in JOB_TYPES[type_].required:
         if req not in inputs:
             raise Invalid(f"a {type_} job needs inputs.{req}", param=f"inputs.{req}",
                           code="missing_input")
@@ -190,8 +209,11 @@ def check_inputs(session: Session, type_: str, inputs: dict) -> list[str]:
 
 def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: str | None = None,
                run_stage: str | None = None, validate_params=None) -> Job:
-    if body.priority > 80 and not user.is_admin:
-        raise Forbidden("priority above 80 is for admins", param="priority", code="priority_admin_only")
+    check_priority(session, user, body.priority)
+    if body.gpus and not JOB_TYPES[body.type.value].gpu:
+        raise Invalid(f"a {body.type.value} job runs on CPU only: gpus must be 0 (GPU types: "
+                      f"{', '.join(n for n, d in JOB_TYPES.items() if d.gpu)})", param="gpus",
+                      code="cpu_only_type")
     preemptible = _preemptible(user, body.type.value, body.preemptible)
     if validate_params is not None:
         body.params = validate_params(body.type.value, body.params)
@@ -204,29 +226,25 @@ def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: st
     session.add(job)
     session.flush()
     add_event(session, job.id, "status", {"from": None, "to": S.pending.value})
+    announce(session, job, None, S.pending.value)  # created: a status change from nothing
     if deps:
         queue_changed(session)  # its inputs may be done already: a pass promotes it
     else:
         transition(session, job, S.queued)
-    # A GPU job on a deployment with no node for it says so at once, not at the next
-    # scheduler pass (issue 27); the scheduler keeps the same reason while nothing changes.
-    why = no_gpu_node_reason(session, job.gpus_requested)
-    if why and job.status in (S.pending.value, S.queued.value):
-        job.pending_reason = why
-        add_event(session, job.id, "warning", {"message": why})
     return job
 
 
 def _preemptible(user: Principal, type_: str, asked: bool | None) -> bool:
-    """The preemption rule of app/jobs/catalog.py; only an admin may exempt a job of a type
+    """The preemption rule of contracts/jobtypes.py; only an admin may exempt a job of a type
     that is preemptible by default (else everyone would)."""
+    by_default = JOB_TYPES[type_].preemptible_by_default
     if asked is None:
-        return type_ in catalog.PREEMPTIBLE_BY_DEFAULT
-    if asked and type_ not in catalog.RESUMABLE:
+        return by_default
+    if asked and type_ not in RESUMABLE:
         raise Invalid(f"a {type_} job cannot be preempted: it does not resume from a "
-                      f"checkpoint (preemptible types: {', '.join(sorted(catalog.RESUMABLE))})",
+                      f"checkpoint (preemptible types: {', '.join(sorted(RESUMABLE))})",
                       param="preemptible", code="not_preemptible")
-    if not asked and type_ in catalog.PREEMPTIBLE_BY_DEFAULT and not user.is_admin:
+    if not asked and by_default and not user.is_admin:
         raise Forbidden(f"only an admin may mark a {type_} job non-preemptible",
                         param="preemptible", code="admin_only")
     return asked
@@ -334,8 +352,6 @@ def cancel_job(session: Session, user: Principal, job: Job, *, check_owner: bool
         transition(session, job, S.cancelling, reason=f"cancelled by {user.name}")
     else:
         # pending/queued/dispatched: nothing runs yet; a dispatched task finds nothing to claim.
-        # GPUs first: the end-of-job subscribers (scheduler) see them free.
-        release_gpus(session, job.id)
         transition(session, job, S.cancelled, reason=f"cancelled by {user.name}",
                    error={"code": "cancelled", "message": f"cancelled by {user.name}"})
     return job
@@ -356,7 +372,8 @@ def retry_job(session: Session, user: Principal, job: Job) -> Job:
     return job
 
 
-def release_gpus(session: Session, job_id: str) -> None:
+def _release_gpus(session: Session, job_id: str) -> None:
+    """Called by `transition()`/`cas_status()` alone, as the job leaves an active state."""
     now = utcnow()
     session.execute(update(Gpu).where(Gpu.job_id == job_id).values(job_id=None))
     session.execute(update(GpuLease).where(GpuLease.job_id == job_id, GpuLease.end_at.is_(None))

@@ -25,6 +25,7 @@ from app.models import Target
 from app.plans.nodes import gpu_node_warnings
 from app.plans.params import name_params
 from contracts.run import RunSpec
+from contracts.spec import StageSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,20 +81,20 @@ def _run_plan(s, target: dict, dataset: dict | None, body: RunSpec,
               free_bytes_override: int | None) -> dict:
     work = s.home / "plans" / uuid.uuid4().hex[:12]
     work.mkdir(parents=True, exist_ok=True)
-    spec = {"type": "plan", "inputs": {"target": target, "dataset": dataset},
-            "params": {"run": body.model_dump(mode="json"), "sample": body.plan_sample,
-                       "disk_path": str(s.artifacts_dir),
-                       "free_bytes_override": free_bytes_override},
-            "out_dir": str(work / "out"), "work_dir": str(work / "work"),
-            "events_path": str(work / "events.jsonl")}
-    (work / "spec.json").write_text(json.dumps(spec, default=str))
+    spec = StageSpec.in_folder("plan", work, work, inputs={"target": target, "dataset": dataset},
+                               params={"run": body.model_dump(mode="json"),
+                                       "sample": body.plan_sample,
+                                       "disk_path": str(s.artifacts_dir),
+                                       "free_bytes_override": free_bytes_override,
+                                       "rates": s.plan_rates})
+    spec.write(work / "spec.json")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
     try:
         proc = subprocess.run([sys.executable, "-m", "workers.stages", "plan", "--spec",
                                str(work / "spec.json")], capture_output=True, text=True,
                               timeout=120, env=env, cwd=str(work))
         result = None
-        events = work / "events.jsonl"
+        events = Path(spec.events_path or "")
         for line in events.read_text().splitlines() if events.exists() else []:
             ev = json.loads(line)
             if ev["kind"] == "result":

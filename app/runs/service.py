@@ -14,9 +14,12 @@ from app.jobs import service as jobs
 from app.jobs.lifecycle import StatusChanged
 from app.jobs.params import validate_params
 from app.jobs.render import jobs_read
-from app.jobs.schemas import JobCreate, JobType
+from app.jobs.schemas import JobCreate
+from app.jobs.states import ACTIVE, TERMINAL
+from app.jobs.states import JobStatus as S
 from app.models import Artifact, Dataset, Job, Run, Target
 from app.webhooks.service import on_run_status
+from contracts.jobtypes import JobType
 from contracts.run import STAGE_ORDER, RunSpec, RunSpecError, StageJob
 
 
@@ -82,19 +85,21 @@ def run_jobs(session: Session, run_id: str) -> list[Job]:
 
 
 def overall_status(statuses: list[str]) -> str:
+    """A run's status (API.md: pending, queued, running, succeeded, failed, cancelled) from
+    its stage jobs' statuses."""
     if not statuses:
         return "pending"
-    if all(s == "succeeded" for s in statuses):
+    if all(s == S.succeeded for s in statuses):
         return "succeeded"
-    if any(s in ("running", "dispatched", "cancelling") for s in statuses):
+    if any(s in ACTIVE for s in statuses):
         return "running"
-    if any(s == "failed" for s in statuses):
+    if any(s == S.failed for s in statuses):
         return "failed"
-    if any(s == "cancelled" for s in statuses):
+    if any(s == S.cancelled for s in statuses):
         return "cancelled"
-    if any(s == "succeeded" for s in statuses):
+    if any(s == S.succeeded for s in statuses):
         return "running"
-    return "queued" if any(s == "queued" for s in statuses) else "pending"
+    return "queued" if any(s == S.queued for s in statuses) else "pending"
 
 
 def refresh_run(session: Session, run_id: str) -> Run | None:
@@ -108,7 +113,7 @@ def refresh_run(session: Session, run_id: str) -> Run | None:
         run.finished_at = run.finished_at or utcnow()
     else:
         run.finished_at = None
-    ev = next((j for j in js if j.run_stage == "evaluate" and j.status == "succeeded"), None)
+    ev = next((j for j in js if j.run_stage == "evaluate" and j.status == S.succeeded), None)
     if ev is not None and ev.outputs:
         art = session.get(Artifact, ev.outputs[0])
         run.report = {"artifact_id": art.id if art else None, **(ev.metrics_summary or {})}
@@ -133,7 +138,7 @@ def cancel_run(session: Session, user: Principal, run: Run) -> Run:
     if not (user.is_admin or run.owner_id == user.id):
         raise Forbidden(f"only the owner of {run.id} or an admin may cancel it", code="not_owner")
     for j in run_jobs(session, run.id):
-        if j.status not in ("succeeded", "failed", "cancelled"):
+        if j.status not in TERMINAL:
             jobs.cancel_job(session, user, j, check_owner=False)
     session.flush()
     refresh_run(session, run.id)
@@ -144,7 +149,7 @@ def retry_run(session: Session, user: Principal, run: Run) -> Run:
     """Rerun from the failed or cancelled stages; succeeded stages keep their artifacts."""
     if not (user.is_admin or run.owner_id == user.id):
         raise Forbidden(f"only the owner of {run.id} or an admin may retry it", code="not_owner")
-    todo = [j for j in run_jobs(session, run.id) if j.status in ("failed", "cancelled")]
+    todo = [j for j in run_jobs(session, run.id) if j.status in (S.failed, S.cancelled)]
     if not todo:
         raise Conflict(f"run {run.id} has no failed or cancelled stage to retry",
                        code="not_retryable", details={"status": run.status})

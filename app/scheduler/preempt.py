@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-HOUR_S = 3600.0
+from app.jobs.preemption import recent
 
 
 @dataclass(slots=True)
@@ -41,10 +41,6 @@ class Preemption:
     waiter_priority: int
     node: str
     victims: list[str]
-
-
-def recent(history: list[float] | None, now: float) -> list[float]:
-    return [t for t in (history or []) if now - t < HOUR_S]
 
 
 def held_for(holders_by_node: dict[str, list[Holder]]) -> dict[str, str]:

@@ -16,11 +16,12 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import db_now, is_sqlite
-from app.jobs import catalog
 from app.jobs.states import ACTIVE
+from app.jobs.states import JobStatus as S
 from app.models import Gpu, GpuLease, Job, Node
 from app.scheduler.policy import NodeState, Usage
 from app.scheduler.preempt import Holder
+from contracts.jobtypes import NEVER_REUSE
 
 USAGE_WINDOW_H = 24  # "recent GPU-hours" of fair share
 HOURS_TTL_S = 2.0  # how stale a decision may read the GPU-hours (they move by seconds)
@@ -28,15 +29,16 @@ HOURS_TTL_S = 2.0  # how stale a decision may read the GPU-hours (they move by s
 # Waiting jobs (pending and queued), in the order of the index ix_jobs_status_priority
 # (status, priority, queued_at): the database does not sort. `queued_in_order` then puts the
 # priority blocks highest first. `needs_fp`: queued, not fingerprinted yet, reusable type.
-_NEVER = ", ".join(f"'{t}'" for t in sorted(catalog.NEVER_REUSE)) or "''"
+_NEVER = ", ".join(f"'{t}'" for t in sorted(NEVER_REUSE)) or "''"
 _NEEDS_FP = f"(fingerprint IS NULL AND type NOT IN ({_NEVER}))"
 _ROWS_SQL = ("SELECT id, owner_id, priority, gpus_requested, {epoch}, held, status, "
-             + _NEEDS_FP + "{extra} FROM jobs WHERE status IN ('pending', 'queued'){only} "
-             "ORDER BY status, priority, queued_at")
+             + _NEEDS_FP + "{extra} FROM jobs "
+             f"WHERE status IN ('{S.pending}', '{S.queued}')"
+             "{only} ORDER BY status, priority, queued_at")
 _EPOCH = {"postgresql": "date_part('epoch', queued_at)",  # float8: no numeric arithmetic
           "sqlite": "(julianday(queued_at) - 2440587.5) * 86400.0"}
 # Only the jobs a placement-only decision needs (see `waiting_rows`); numbers are ours.
-_ONLY = (" AND (status = 'pending' OR " + _NEEDS_FP + " OR (NOT held AND ("
+_ONLY = (f" AND (status = '{S.pending}' OR " + _NEEDS_FP + " OR (NOT held AND ("
          "(gpus_requested = 0 AND {cpu}) OR gpus_requested BETWEEN 1 AND {most} OR "
          "(gpus_requested > 0 AND {epoch} < {aged}))))")
 ID, OWNER, PRIO, GPUS, QAT, HELD, STATUS, NEEDS_FP, POS, REASON = range(10)
@@ -66,7 +68,7 @@ def waiting_rows(session: Session, with_reasons: bool,
 def queued_in_order(rows: list[tuple]) -> list[tuple]:
     """The queued rows of `waiting_rows`, priority blocks highest first (each block is
     oldest first already)."""
-    q = [r for r in rows if r[STATUS] == "queued"]
+    q = [r for r in rows if r[STATUS] == S.queued]
     blocks = [list(g) for _, g in groupby(q, key=itemgetter(PRIO))]
     return [r for b in reversed(blocks) for r in b] if len(blocks) > 1 else q
 
@@ -109,7 +111,7 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
             h = by_job.get(r.job_id)
             if h is None:
                 h = by_job[r.job_id] = Holder(
-                    r.job_id, r.priority, [], bool(r.preemptible), r.status == "running",
+                    r.job_id, r.priority, [], bool(r.preemptible), r.status == S.running,
                     r.preempt_by, list((r.preemption or {}).get("history") or []),
                     r.started_at.timestamp() if r.started_at else 0.0)
                 st.holders.append(h)

@@ -20,9 +20,8 @@ from sqlalchemy.orm import Session
 from app.core.broker import send_run_job
 from app.core.config import get_settings
 from app.core.db import after_commit, is_sqlite, rowcount, unit_of_work, utcnow
-from app.jobs import catalog
 from app.jobs.inputs import InputDeleted, Unresolved, fingerprint, resolve
-from app.jobs.service import add_event, release_gpus, transition
+from app.jobs.service import add_event, dispatched, transition
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, GpuLease, Job
 from app.scheduler import preempt
@@ -30,6 +29,7 @@ from app.scheduler.policy import Usage, Waiting, plan
 from app.scheduler.reads import (GPUS, HELD, ID, NEEDS_FP, OWNER, PRIO, QAT, POS, REASON,
                                  STATUS, cpu_held, node_states, queued_in_order, recent_gpu_hours,
                                  waiting_rows)
+from contracts.jobtypes import NEVER_REUSE
 
 log = logging.getLogger("draftyard.scheduler")
 # session.info flag of a scheduling pass: its own status changes need no further nudge.
@@ -90,7 +90,7 @@ def _promote_pending(session: Session, pending: list[Job]) -> None:
 def _reuse(session: Session, queued: list[Job]) -> None:
     """Give newly queued jobs a fingerprint; a match with a succeeded job reuses its outputs."""
     for j in queued:
-        if j.fingerprint is not None or j.type in catalog.NEVER_REUSE:
+        if j.fingerprint is not None or j.type in NEVER_REUSE:
             continue
         try:
             fp = fingerprint(j, resolve(session, j))
@@ -103,7 +103,8 @@ def _reuse(session: Session, queued: list[Job]) -> None:
         j.fingerprint = fp
         if j.force:
             continue
-        prev = session.scalars(select(Job).where(Job.fingerprint == fp, Job.status == "succeeded",
+        prev = session.scalars(select(Job).where(Job.fingerprint == fp,
+                                                 Job.status == S.succeeded.value,
                                                  Job.id != j.id).order_by(Job.finished_at.desc())
                                .limit(1)).first()
         if prev is None or not prev.outputs:
@@ -127,7 +128,7 @@ def _promote_and_reuse(session: Session, ids: list[str]) -> bool:
     pending = [j for j in todo if j.status == S.pending.value]
     _promote_pending(session, pending)
     fresh = [j for j in todo if j.status == S.queued.value and j.fingerprint is None
-             and j.type not in catalog.NEVER_REUSE]
+             and j.type not in NEVER_REUSE]
     if fresh:
         _reuse(session, fresh)
     session.flush()
@@ -181,6 +182,7 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
     for job_id, node, idx in (p.dispatch if time.monotonic() >= _broker_down_until else []):
         if _dispatch(session, job_id, owners[job_id], node, idx, now):
             sent.append((job_id, f"gpu.{node}" if idx else "cpu"))
+    dispatched(session, [j for j, _ in sent])  # announced like every other change
     if p.gpu_waits:
         _preempt(session, p, rows, nodes, now, cfg.preempt_max_per_hour)
     if with_reasons:
@@ -208,7 +210,8 @@ def _preempt(session: Session, p, rows, nodes, now, max_per_hour: int) -> None:
     for c in chosen:
         for victim in c.victims:
             # Still running and not yet asked: a job that ended since the read keeps its end.
-            res = session.execute(update(Job).where(Job.id == victim, Job.status == "running",
+            res = session.execute(update(Job).where(Job.id == victim,
+                                                    Job.status == S.running.value,
                                                     Job.preempt_by.is_(None))
                                   .values(preempt_by=c.waiter))
             if rowcount(res) == 1:
@@ -240,17 +243,17 @@ def undispatch(job_ids: list[str], reason: str) -> None:
         for job in s.scalars(select(Job).where(Job.id.in_(job_ids),
                                                Job.status == S.dispatched.value)
                              .with_for_update()):
-            release_gpus(s, job.id)
             transition(s, job, S.queued, reason=reason, node=None, pending_reason=reason)
 
 
 # The job (still queued, not held: it may have been cancelled or held since it was read),
 # then its GPUs (still free: never oversubscribe), the lease history and the status event,
-# in one statement. Returns (jobs moved, GPUs claimed).
+# in one statement. Returns (jobs moved, GPUs claimed). Announced by app.jobs.service
+# .dispatched once the pass has placed every job.
 _DISPATCH_PG = text("""
-WITH j AS (UPDATE jobs SET status = 'dispatched', node = :node, pending_reason = NULL,
+WITH j AS (UPDATE jobs SET status = :to, node = :node, pending_reason = NULL,
                            heartbeat_at = :now, queue_position = NULL
-           WHERE id = :id AND status = 'queued' AND NOT held RETURNING id),
+           WHERE id = :id AND status = :from AND NOT held RETURNING id),
 g AS (UPDATE gpus SET job_id = :id
       WHERE node = :node AND "index" = ANY(CAST(:idx AS integer[])) AND job_id IS NULL
         AND EXISTS (SELECT 1 FROM j) RETURNING "index"),
@@ -264,11 +267,11 @@ SELECT (SELECT count(*) FROM j), (SELECT count(*) FROM g)""")
 def _dispatch(session: Session, job_id: str, owner: str, node: str | None, idx: list[int],
               now) -> bool:
     """queued -> dispatched with its GPUs leased; False if the job is no longer queued."""
-    event = {"from": "queued", "to": "dispatched", "node": node, "gpus": idx}
+    event = {"from": S.queued.value, "to": S.dispatched.value, "node": node, "gpus": idx}
     if not is_sqlite(session):
         moved, claimed = session.execute(_DISPATCH_PG, {
-            "id": job_id, "owner": owner, "node": node, "idx": idx, "now": now,
-            "data": json.dumps(event)}).one()
+            "from": S.queued.value, "to": S.dispatched.value, "id": job_id, "owner": owner,
+            "node": node, "idx": idx, "now": now, "data": json.dumps(event)}).one()
         if moved and claimed != len(idx):  # someone else holds one: never oversubscribe
             raise RuntimeError(f"lease conflict on {node} {idx}")
         return bool(moved)
@@ -320,5 +323,5 @@ def _write_reasons(session: Session, p, rows, dispatched: set[str]) -> None:
         "UPDATE jobs AS j SET queue_position = v.pos, pending_reason = v.reason "
         "FROM unnest(CAST(:ids AS varchar[]), CAST(:pos AS integer[]), "
         "CAST(:why AS varchar[])) AS v(id, pos, reason) "
-        "WHERE j.id = v.id AND j.status = 'queued'"),
-        {"ids": list(ids), "pos": list(pos_), "why": list(why)})
+        "WHERE j.id = v.id AND j.status = :queued"),
+        {"queued": S.queued.value, "ids": list(ids), "pos": list(pos_), "why": list(why)})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from app.core.config import get_settings
 from app.core.names import check_name_free
 from app.core.errors import Invalid, NotFound
 from app.core.ids import new_id
-from app.core.paths import resolve_inside
+from app.core.paths import resolve_inside, shown
 from app.models import Target
 from contracts.target import looks_like_template_path, template_path_message, text_config
 
@@ -84,8 +85,11 @@ def create_target(session: Session, user: Principal, body) -> Target:
             raise Invalid(template_path_message(body.chat_template), param="chat_template",
                           code="template_is_a_path")
         check_template(body.chat_template)
+    tmpl = body.chat_template
     t = Target(id=new_id("tgt"), name=body.name, owner_id=user.id, path=str(path),
-               tokenizer_path=str(tok), chat_template=body.chat_template,
+               tokenizer_path=str(tok), chat_template=tmpl,
+               chat_template_sha256=hashlib.sha256(tmpl.encode()).hexdigest() if tmpl else None,
+               chat_template_chars=len(tmpl) if tmpl is not None else None,
                chat_template_kwargs=body.chat_template_kwargs or {},
                architecture=(cfg.get("architectures") or [cfg.get("model_type")])[0],
                hidden_size=text_cfg.get("hidden_size"),
@@ -105,9 +109,16 @@ def get_target(session: Session, target_id: str) -> Target:
     return t
 
 
-def target_read(t: Target) -> dict:
-    return {"id": t.id, "name": t.name, "owner": t.owner_id, "path": t.path,
-            "tokenizer_path": t.tokenizer_path, "chat_template": t.chat_template,
-            "chat_template_kwargs": t.chat_template_kwargs, "architecture": t.architecture,
-            "hidden_size": t.hidden_size, "num_layers": t.num_layers, "vocab_size": t.vocab_size,
-            "has_chat_template": t.has_chat_template, "created_at": t.created_at}
+def target_read(t: Target, user: Principal | None = None, whole: bool = True) -> dict:
+    """`whole`: with the chat template's text (item reads), else by hash and length only
+    (listings). `user`: a member sees paths relative to the roots (app/core/paths.shown)."""
+    out = {"id": t.id, "name": t.name, "owner": t.owner_id, "path": t.path,
+           "tokenizer_path": t.tokenizer_path,
+           "chat_template_sha256": t.chat_template_sha256,
+           "chat_template_chars": t.chat_template_chars,
+           "chat_template_kwargs": t.chat_template_kwargs, "architecture": t.architecture,
+           "hidden_size": t.hidden_size, "num_layers": t.num_layers, "vocab_size": t.vocab_size,
+           "has_chat_template": t.has_chat_template, "created_at": t.created_at}
+    if whole:
+        out["chat_template"] = t.chat_template
+    return shown(out, user) if user is not None else out

@@ -20,6 +20,8 @@ from app.core.db import utcnow
 from app.core.errors import Invalid, NotFound
 from app.core.ids import new_id
 from app.core.pagination import Page, paginate
+from app.jobs.states import TERMINAL
+from app.jobs.states import JobStatus as S
 from app.models import Job, Run, Webhook, WebhookDelivery
 from app.webhooks import guard
 
@@ -156,9 +158,9 @@ def _job_data(job: Job) -> dict:
 
 def on_job_status(session: Session, job: Job, old: str | None, new: str) -> None:
     """Subscriber of job status changes (called by app.jobs.service.transition)."""
-    if new in ("succeeded", "failed", "cancelled"):
+    if new in TERMINAL:
         enqueue(session, job.owner_id, f"job.{new}", _job_data(job))
-    elif old == "running" and new == "queued" and job.preemption and \
+    elif old == S.running and new == S.queued and job.preemption and \
             job.preemption.get("attempt") == job.attempt - 1:
         data = _job_data(job)
         data["job"]["preemption"] = {k: v for k, v in job.preemption.items() if k != "history"}

@@ -5,14 +5,14 @@ each later one becomes "<name>-<its id>" (ids are unique, so the new names are),
 the 200-character column. Downgrade drops the indexes only (the new names stay).
 
 Revision ID: f27_unique_names
-Revises: t23a_storage
+Revises: t26a_bounds_bands
 """
 from alembic import op
 import sqlalchemy as sa
 
 
 revision = 'f27_unique_names'
-down_revision = 't23a_storage'
+down_revision = 't26a_bounds_bands'
 branch_labels = None
 depends_on = None
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,16 +20,11 @@ from pathlib import Path
 import httpx
 
 from tests.services import test_urls
+from procgroup import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 # Where PostgreSQL and Redis are: tests/services.py (started from PyPI wheels if none answers).
 PG_ADMIN, REDIS_BASE = test_urls()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Proc:
@@ -117,7 +111,7 @@ class Stack:
         return self._engine
 
     def start_api(self) -> str:
-        port = _free_port()
+        port = free_port()
         p = _Proc([sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
                    "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
                   self.home / "api.log", self.env)

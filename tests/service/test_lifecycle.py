@@ -4,17 +4,19 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
 from app.core.ids import new_id
 from app.datasets.service import get_dataset
 from app.jobs import lifecycle
-from app.jobs.schemas import JobCreate, JobType
+from app.jobs.schemas import JobCreate
 from app.jobs.service import cancel_job, create_job, get_job, retry_job, transition
 from app.jobs.states import S
 from app.models import Dataset, Run, Target
 from app.runs.service import get_run, overall_status
+from contracts.jobtypes import JobType
 
 
 def _ingesting(db, user) -> Dataset:
@@ -118,3 +120,65 @@ def test_run_status_follows_every_transition_of_its_stages(db, user):
     step(b, "dispatched", "running")
     step(b, "running", "running")
     step(b, "succeeded", "succeeded")
+
+
+# ---- dispatch is announced; leaving an active state frees the GPUs ------------------------
+
+def _node_with_gpus(db, n: int) -> str:
+    from app.models import Gpu, Node
+
+    name = f"n-{uuid.uuid4().hex[:8]}"
+    db.add(Node(name=name, cpu_slots=0))
+    db.flush()
+    db.add_all([Gpu(node=name, index=i) for i in range(n)])
+    db.flush()
+    return name
+
+
+def test_a_scheduling_pass_announces_dispatch_and_the_run_follows(db, user, monkeypatch):
+    """queued -> dispatched is a status change like the others: the run of a dispatched stage
+    is `running` as soon as the pass commits, not only once a worker claims the job."""
+    from app.scheduler.service import schedule_once
+
+    heard: list[tuple[str | None, str]] = []
+    monkeypatch.setattr(lifecycle, "_listeners",
+                        [*lifecycle._listeners, lambda s, ev: heard.append((ev.old, ev.new))])
+    node = _node_with_gpus(db, 8)
+    run = Run(id=new_id("run"), name="r", owner_id=user.id, spec={}, status="pending")
+    db.add(run)
+    db.flush()
+    job = create_job(db, user, JobCreate(type=JobType.probe, name="r: a", gpus=8),
+                     run_id=run.id, run_stage="train")
+    assert get_run(db, run.id).status == "queued"
+    assert job.id in schedule_once(db)
+    db.flush()
+    assert get_job(db, job.id).status == "dispatched" and job.node == node
+    assert ("queued", "dispatched") in heard
+    assert get_run(db, run.id).status == "running"
+
+
+@pytest.mark.parametrize("path", ["running->failed", "running->queued", "dispatched->cancel"])
+def test_leaving_an_active_state_frees_the_gpus_whoever_moves_the_job(db, user, path):
+    """transition() alone frees them: the call site (runner, reaper, cancel, undispatch) no
+    longer has to remember to."""
+    from sqlalchemy import select
+
+    from app.models import Gpu, GpuLease
+    from app.scheduler.service import schedule_once
+
+    _node_with_gpus(db, 8)
+    job = create_job(db, user, JobCreate(type=JobType.probe, name="a", gpus=8))
+    assert job.id in schedule_once(db)
+    db.flush()
+    held = lambda: db.scalars(select(Gpu).where(Gpu.job_id == job.id)).all()  # noqa: E731
+    assert len(held()) == 8
+    if path == "dispatched->cancel":
+        cancel_job(db, user, job)
+    else:
+        transition(db, job, S.running)
+        assert len(held()) == 8  # still active: kept
+        transition(db, job, S(path.split(">")[1]))
+    db.flush()
+    assert held() == []
+    assert all(lease.end_at is not None for lease in
+               db.scalars(select(GpuLease).where(GpuLease.job_id == job.id)))

@@ -12,14 +12,15 @@ from app.artifacts.schemas import ArtifactRead
 from app.core.ids import new_id
 from app.datasets.schemas import DatasetRead
 from app.datasets.service import dataset_read
-from app.jobs.schemas import JobCreate, JobRead, JobType
+from app.jobs.schemas import JobCreate, JobRead
 from app.jobs.service import cancel_job, create_job
 from app.main import create_app
 from app.models import Artifact, Dataset, Run, Target
 from app.runs.schemas import RunList, RunRead
 from app.runs.service import run_jobs, runs_read
-from app.targets.schemas import TargetRead
+from app.targets.schemas import TargetRead, TargetSummary
 from app.targets.service import target_read
+from contracts.jobtypes import JobType
 
 
 def _run(db, user, n_jobs: int = 2) -> Run:
@@ -49,9 +50,10 @@ def test_bodies_match_their_declared_models(db, user):
                    files=[{"path": "x", "bytes": 3}], inputs=[], meta={"name": "x"})
     db.add_all([t, ds, art])
     db.flush()
-    TargetRead.model_validate(jsonable_encoder(target_read(t)))
+    TargetRead.model_validate(jsonable_encoder(target_read(t, user)))
+    TargetSummary.model_validate(jsonable_encoder(target_read(t, user, whole=False)))
     DatasetRead.model_validate(jsonable_encoder(dataset_read(ds)))
-    ArtifactRead.model_validate(jsonable_encoder(artifact_read(art)))
+    ArtifactRead.model_validate(jsonable_encoder(artifact_read(art, user)))
 
 
 def test_openapi_names_the_read_models():

@@ -498,7 +498,7 @@ def test_requeued_job_is_fenced_from_its_old_worker(api, nodes):
     fact alive (the case a slow heartbeat could cause): the old attempt must stop at once
     and record nothing, so the new attempt runs alone and keeps its GPUs to its end."""
     from app.core.db import unit_of_work
-    from app.jobs.service import release_gpus, transition
+    from app.jobs.service import transition
     from app.jobs.states import JobStatus
     from app.models import Job
     from app.scheduler.service import lock
@@ -507,10 +507,9 @@ def test_requeued_job_is_fenced_from_its_old_worker(api, nodes):
     job = probe(u, 4, 8.0)
     api.wait_job(job["id"], ("running",), 30)
     old_pid = _stage_pid(api, job["id"])
-    with unit_of_work() as s:  # what reap() does to a job it believes lost
+    with unit_of_work() as s:  # what reap() does to a job it believes lost (GPUs freed too)
         lock(s)
         row = s.get(Job, job["id"])
-        release_gpus(s, row.id)
         transition(s, row, JobStatus.queued, reason="test: taken from its worker",
                    attempt=row.attempt + 1, node=None, started_at=None, progress=None)
     wait_for(lambda: _gone(old_pid), 5, 0.1, "the old attempt's stage to be killed")

@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 
 from workers.stages.common import StageError
+from procgroup import free_port as _free_port
 from workers.stages.evaluate.vllm_metrics import (
-    VllmServer,
     acceptance_from_counters,
     measure_with_vllm,
+    metrics,
     parse_spec_counters,
     serve_command,
 )
+from workers.stages.vllm_server import VllmServer
 
 # Shaped like vLLM v1's /metrics: counters get `_total` and `_created` samples, one series per
 # engine, per-position counters carry a `position` label.
@@ -79,8 +81,8 @@ def test_counters_are_differenced_and_empty_is_none():
 
 def test_serve_command_names_drafter_method_and_tokens():
     cmd = serve_command("/m/target", "/m/drafter", "dflash", 7, 8123, extra_args=["-tp", "2"])
-    # `vllm serve` next to the stage's interpreter when its venv has one, else from PATH.
-    assert cmd[0].endswith("vllm") and cmd[1:3] == ["serve", "/m/target"]
+    # The configured vLLM (a server setting): by default this interpreter's.
+    assert cmd[:5] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "/m/target"]
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
     assert spec == {"model": "/m/drafter", "method": "dflash", "num_speculative_tokens": 7}
     assert cmd[cmd.index("--port") + 1] == "8123" and cmd[-2:] == ["-tp", "2"]
@@ -139,14 +141,6 @@ STAND_IN = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_measure_lifecycle_against_stand_in_server(tmp_path: Path):
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
@@ -165,19 +159,20 @@ def test_server_is_stopped_and_startup_failure_is_typed(tmp_path: Path):
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     port = _free_port()
-    srv = VllmServer([sys.executable, str(script), str(port)], port, tmp_path / "a.log", 30)
+    srv = VllmServer([sys.executable, str(script), str(port)], port, tmp_path / "a.log",
+                     startup_timeout_s=30)
     with srv:
         pid = srv.proc.pid
-        assert srv.metrics().num_drafts == 0
+        assert metrics(srv).num_drafts == 0
     assert srv.proc.poll() is not None
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)  # the whole process group is gone
 
     bad = VllmServer([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], port,
-                     tmp_path / "b.log", 30)
+                     tmp_path / "b.log", startup_timeout_s=30)
     with pytest.raises(StageError) as e:
         bad.__enter__()
-    assert e.value.code == "vllm_failed" and "status 3" in e.value.message
+    assert e.value.code == "backend_failed" and "status 3" in e.value.message
     assert "boom" in e.value.message
 
 
@@ -190,7 +185,7 @@ def test_a_server_that_never_gets_healthy_is_stopped(tmp_path: Path):
     with pytest.raises(StageError) as e:
         with srv:
             pass
-    assert e.value.code == "vllm_failed" and "not healthy" in e.value.message
+    assert e.value.code == "backend_timeout" and "not healthy" in e.value.message
     assert srv.proc.poll() is not None
     with pytest.raises(ProcessLookupError):
         os.killpg(srv.proc.pid, 0)

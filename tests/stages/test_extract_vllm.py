@@ -187,20 +187,21 @@ HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 
 def test_server_lifetime_ready_and_stopped(tmp_path):
     from workers.stages.common import StageError
-    from workers.stages.extract.backends.vllm import VllmServer, free_port
+    from procgroup import free_port
+    from workers.stages.vllm_server import VllmServer
 
     port = free_port()
-    srv = VllmServer([sys.executable, "-c", FAKE_SERVER, str(port)],
-                     f"http://127.0.0.1:{port}", tmp_path / "server.log", 60)
+    srv = VllmServer([sys.executable, "-c", FAKE_SERVER, str(port)], port,
+                     tmp_path / "server.log", startup_timeout_s=60)
     with srv:
-        assert srv.wait_ready(poll_s=0.1) == "draftyard-target"
+        assert srv.alive()
         pid = srv.proc.pid
     assert srv.proc.poll() is not None  # the whole process group was stopped
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
 
     dying = VllmServer([sys.executable, "-c", "print('CUDA out of memory'); raise SystemExit(3)"],
-                       f"http://127.0.0.1:{free_port()}", tmp_path / "dying.log", 60)
-    with dying, pytest.raises(StageError) as e:
-        dying.wait_ready(poll_s=0.1)
+                       free_port(), tmp_path / "dying.log", startup_timeout_s=60)
+    with pytest.raises(StageError) as e, dying:
+        pass
     assert e.value.code == "backend_failed" and "CUDA out of memory" in e.value.message

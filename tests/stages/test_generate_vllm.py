@@ -25,18 +25,15 @@ from tests.stages.generate_support import (
 )
 from workers.stages.common import StageError
 from workers.stages.generate.backends.base import GenRequest, SamplingConfig
+from procgroup import free_port
 from workers.stages.generate.backends.vllm import (
     ResponseError,
     build_completion_payload,
+    build_serve_command,
     classify_client_error,
     parse_completion,
 )
-from workers.stages.generate.backends.vllm_server import (
-    VllmServer,
-    build_serve_command,
-    failure_reason,
-    free_port,
-)
+from workers.stages.vllm_server import VllmServer, failure_reason
 
 SAMPLING = SamplingConfig(temperature=0.7, top_p=0.9, max_tokens=64, seed=5,
                           stop=("\n\nUser:",), eos_token_ids=(151645, 151643))
@@ -75,7 +72,8 @@ def test_serve_command_line():
     # Same tokenizer dir as the model, no max_model_len: those flags are left out.
     cmd = build_serve_command(None, "/models/t", port=1, served_name="x", tokenizer_path="/models/t")
     assert "--tokenizer" not in cmd and "--max-model-len" not in cmd
-    assert cmd[1] == "serve" and cmd[0].endswith("vllm")
+    # The configured vLLM (a server setting): by default this interpreter's.
+    assert cmd[:4] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
 
 
 def test_parse_completion_token_ids_and_logprobs_fallback():
@@ -108,8 +106,8 @@ def _server(tmp_path, env_extra=None, grace=30.0):
     port = free_port()
     cmd = build_serve_command(fake_executable(), "/models/fake", port=port, served_name="m")
     env = {**os.environ, "FAKE_VLLM_RECORD": str(tmp_path / "rec.json"), **(env_extra or {})}
-    return VllmServer(cmd, port, tmp_path / "server.log", tmp_path / "server.pid", env=env,
-                      stop_grace_s=grace)
+    return VllmServer(cmd, port, tmp_path / "server.log", pid_path=tmp_path / "server.pid",
+                      env=env, stop_grace_s=grace)
 
 
 def _record(tmp_path) -> dict:
@@ -130,7 +128,7 @@ def test_lifecycle_waits_until_healthy_and_stops_the_whole_group(tmp_path):
         time.sleep(0.5)
         assert httpx.get(srv.base_url + "/health").status_code == 503
         t0 = time.monotonic()
-        srv.wait_healthy(timeout_s=20, poll_s=0.1)
+        srv.wait_ready(timeout_s=20, poll_s=0.1)
         assert time.monotonic() - t0 > 0.3
         assert httpx.get(srv.base_url + "/health").status_code == 200
         assert rec["argv"][0] == "/models/fake" and pid_alive(rec["child_pid"])
@@ -146,7 +144,7 @@ def test_lifecycle_waits_until_healthy_and_stops_the_whole_group(tmp_path):
 def test_lifecycle_escalates_to_sigkill(tmp_path):
     srv = _server(tmp_path, {"FAKE_VLLM_IGNORE_TERM": "1"}, grace=1.0)
     srv.start()
-    srv.wait_healthy(timeout_s=20, poll_s=0.1)
+    srv.wait_ready(timeout_s=20, poll_s=0.1)
     pid = _record(tmp_path)["pid"]
     t0 = time.monotonic()
     srv.stop()
@@ -155,10 +153,10 @@ def test_lifecycle_escalates_to_sigkill(tmp_path):
 
 def test_lifecycle_exit_before_healthy_and_timeout(tmp_path):
     cmd = [sys.executable, "-c", "import sys; print('CUDA out of memory'); sys.exit(7)"]
-    srv = VllmServer(cmd, free_port(), tmp_path / "a.log", tmp_path / "a.pid")
+    srv = VllmServer(cmd, free_port(), tmp_path / "a.log", pid_path=tmp_path / "a.pid")
     srv.start()
     with pytest.raises(StageError) as e:
-        srv.wait_healthy(timeout_s=20, poll_s=0.1)
+        srv.wait_ready(timeout_s=20, poll_s=0.1)
     assert e.value.code == "backend_failed" and "status 7" in e.value.message
     assert "CUDA out of memory" in e.value.details["log_tail"]
     srv.stop()
@@ -166,12 +164,13 @@ def test_lifecycle_exit_before_healthy_and_timeout(tmp_path):
     srv.start()
     try:
         with pytest.raises(StageError) as e:
-            srv.wait_healthy(timeout_s=1.0, poll_s=0.1)
+            srv.wait_ready(timeout_s=1.0, poll_s=0.1)
         assert e.value.code == "backend_timeout"
     finally:
         srv.stop()
     assert wait_gone(_record(tmp_path)["pid"])
-    srv = VllmServer(["/nonexistent/vllm", "serve"], 1, tmp_path / "b.log", tmp_path / "b.pid")
+    srv = VllmServer(["/nonexistent/vllm", "serve"], free_port(), tmp_path / "b.log",
+                     pid_path=tmp_path / "b.pid")
     with pytest.raises(StageError) as e:
         srv.start()
     assert e.value.code == "backend_unavailable"
@@ -180,7 +179,7 @@ def test_lifecycle_exit_before_healthy_and_timeout(tmp_path):
 def test_restart_reaps_a_server_left_by_a_killed_attempt(tmp_path):
     old = _server(tmp_path)
     old.start()
-    old.wait_healthy(timeout_s=20, poll_s=0.1)
+    old.wait_ready(timeout_s=20, poll_s=0.1)
     pid = _record(tmp_path)["pid"]
     old.proc = None  # the attempt that owned it is gone; only the pid file remains
     new = _server(tmp_path)
@@ -353,7 +352,7 @@ def test_a_taken_port_is_refused_before_the_server_starts(tmp_path):
         s.listen(1)
         port = s.getsockname()[1]
         srv = VllmServer([sys.executable, "-c", "raise SystemExit(9)"], port,
-                         tmp_path / "s.log", tmp_path / "s.pid")
+                         tmp_path / "s.log", pid_path=tmp_path / "s.pid")
         with pytest.raises(StageError) as e:
             srv.start()
     assert e.value.code == "backend_failed" and f"port {port}" in e.value.message

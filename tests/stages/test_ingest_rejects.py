@@ -110,7 +110,7 @@ def test_whole_file_failures_are_typed(tmp_path):
     assert "unknown format: none of the first 10 records has a known shape (keys: col_a, col_b)" \
         in e.message
     flat = write_jsonl(tmp_path / "flat.jsonl", [{"message_id": "m", "parent_id": None,
-                                                 "text": "x", "role": "prompter"}])
+                                                 "text": "x"}])
     assert "flat OpenAssistant message export" in fails(flat).message
     blob = tmp_path / "blob.bin"
     blob.write_bytes(bytes(range(256)) * 64)

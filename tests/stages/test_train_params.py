@@ -212,6 +212,7 @@ def test_vllm_command_lines(tmp_path):
                                      max_model_len=2048, gpu_memory_utilization=0.8,
                                      extra=["--enforce-eager"])
     assert cmd[:5] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "/m/target"]
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
     assert spec["method"] == "extract_hidden_states"
     assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == \

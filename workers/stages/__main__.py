@@ -12,11 +12,15 @@ import signal
 import sys
 import traceback
 
+from pydantic import ValidationError
+
+from contracts.jobtypes import JOB_TYPES
+from contracts.spec import StageSpec
 from procgroup import watch_parent
 from workers.stages.common import StageContext, StageError, check_roots, read_spec
 
-STAGES = ("probe", "ingest", "mix", "split", "generate", "prepare", "extract", "train", "evaluate",
-          "plan")
+# Every job type, and `plan` (the API's dry run of a run's body, never a job).
+STAGES = (*JOB_TYPES, "plan")
 
 
 def _sigterm(signum, frame):  # noqa: ARG001
@@ -33,7 +37,18 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     watch_parent()
 
-    spec = read_spec(args.spec)
+    try:
+        spec = StageSpec.model_validate(read_spec(args.spec)).model_dump(mode="json")
+    except ValidationError as e:
+        err = e.errors()[0]
+        print(f"error [bad_spec]: {args.spec}: {'.'.join(map(str, err['loc']))}: "
+              f"{err['msg']}", file=sys.stderr)
+        return 2
+    if spec["type"] not in (None, args.type):
+        print(f"error [bad_spec]: {args.spec} is a {spec['type']} spec, not {args.type}",
+              file=sys.stderr)
+        return 2
+    spec["type"] = args.type
     ctx = StageContext.from_spec(spec)
     mod = importlib.import_module(f"workers.stages.{args.type}")
     try:

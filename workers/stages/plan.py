@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from contracts import STAGE_PARAMS
+from contracts.jobtypes import JOB_TYPES
 from contracts.run import RunSpec, RunSpecError
 from contracts.target import text_value
 from workers.stages.common import StageContext, StageError
@@ -28,6 +28,7 @@ from workers.stages.extract.layers import hidden_size, num_hidden_layers, resolv
 from workers.stages.extract.planner import disk_check, estimate_hidden_state_bytes, human_bytes
 from workers.stages.failures import source_line
 from workers.stages.kernel import parse_params
+from workers.stages.plan_time import estimate, merge_rates, weights_check
 from workers.stages.plan_training import estimate_training
 from workers.stages.prepare import resolve_setup
 from workers.stages.prepare.masks import RecordRejected, build_masker
@@ -44,6 +45,7 @@ class Plan:
         self.warnings: list[str] = []
         self.failures: list[dict] = []
         self.estimates: dict[str, Any] = {}
+        self.gpus: dict[str, int] = {}  # the GPUs each stage's job asks for
 
     def check(self, name: str, ok: bool, message: str, **details: Any) -> bool:
         self.checks.append({"name": name, "ok": bool(ok), "message": message,
@@ -67,6 +69,7 @@ def _expand(plan: Plan, run: dict) -> dict[str, dict]:
     except RunSpecError as e:
         plan.check("run", False, f"{e.param}: {e.message}")
         return {}
+    plan.gpus = {j.stage: j.gpus for j in jobs}
     return {j.stage: j.params for j in jobs}
 
 
@@ -75,7 +78,7 @@ def _params(plan: Plan, chain: dict[str, dict]) -> dict:
     parsed: dict[str, Any] = {}
     for name, raw in chain.items():
         try:
-            parsed[name] = parse_params(STAGE_PARAMS[name], raw)
+            parsed[name] = parse_params(JOB_TYPES[name].params, raw)
             plan.check(f"{name}_params", True, f"{name} params are valid")
         except StageError as e:
             plan.check(f"{name}_params", False, f"{name}: {e.message}")
@@ -235,5 +238,30 @@ def run(spec: dict, ctx: StageContext) -> dict:
                                  plan.warnings)
     if training is not None:
         plan.estimates["training"] = training
+    ok, message = weights_check(chain, target)
+    plan.check("target_weights", ok, message)
     return {"ok": plan.ok, "checks": plan.checks, "estimates": plan.estimates,
+            "time_estimates": _time(plan, chain, parsed, target, lengths, p.get("rates")),
             "warnings": plan.warnings, "failures": plan.failures}
+
+
+def _time(plan: Plan, chain: dict[str, dict], parsed: dict, target: dict, lengths: list[int],
+          override: dict | None) -> dict:
+    """Per stage GPU-hours, wall and disk (workers/stages/plan_time.py), with the rates used."""
+    rates, from_deployment, warnings = merge_rates(override)
+    plan.warnings.extend(warnings)
+    records = int(plan.estimates.get("records") or 0)
+    mean = float(np.mean(lengths)) if lengths else 0.0
+    total = float(plan.estimates.get("tokens") or 0)
+    if "generate" in parsed:  # the sampled lengths count max_tokens answer tokens
+        max_tokens = parsed["generate"].max_tokens
+        ans = rates["answer_tokens"] or max_tokens
+        mean = max(0.0, mean - max_tokens)
+        total = records * (mean + ans)
+    stages = estimate(chain, plan.gpus, target, records, mean, total,
+                      int(plan.estimates.get("hidden_state_bytes") or 0), rates)
+    return {"stages": stages,
+            "total_gpu_hours": round(sum(s["gpu_hours"] for s in stages), 3),
+            "total_wall_hours": round(sum(s["wall_hours"] for s in stages), 3),
+            "total_disk_bytes": sum(s["disk_bytes"] for s in stages),
+            "rates": rates, "rates_from_deployment": from_deployment}

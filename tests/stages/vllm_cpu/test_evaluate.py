@@ -30,7 +30,7 @@ from tests.stages.vllm_cpu.support import (
     vllm_venv,
 )
 from workers.stages.common import StageContext
-from workers.stages.generate.backends.vllm_server import free_port
+from procgroup import free_port
 from workers.stages.records import write_dataset
 
 # vLLM starts in minutes on two shared cores: far past the suite's 600 s per test.

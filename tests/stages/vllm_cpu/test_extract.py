@@ -90,7 +90,7 @@ def test_vllm_cpu_hidden_states_connector_fails_as_the_refusal_says(vllm_train_d
     from workers.stages.extract.layers import LayerPlan
     from workers.stages.extract.params import ExtractParams
     from workers.stages.kernel import parse_params
-    from workers.stages.generate.backends.vllm_server import failure_reason
+    from workers.stages.vllm_server import failure_reason
     from procgroup import group_alive
 
     spec = _spec(vllm_train_data, tmp_path)

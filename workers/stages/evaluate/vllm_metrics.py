@@ -13,21 +13,21 @@ transformers measure uses too) and per-position rate i = accepted_per_pos[i] / d
 counters are scraped before and after our requests and differenced, so warm-up traffic and a
 server that already served other requests do not leak into the numbers.
 
-The stage owns the server: its own process group, health-checked before use, always stopped
-(SIGTERM to the group, then SIGKILL) on the way out.
+The stage owns the server (workers/stages/vllm_server.py): its own process group,
+health-checked before use, always stopped (SIGTERM to the group, then SIGKILL) on the way out.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from procgroup import stop_group
 from workers.stages.common import StageError
+from workers.stages import vllm_server
+from workers.stages.vllm_server import VllmServer
 
 PREFIX = "vllm:spec_decode_"
 METHODS = {"dflash": "dflash", "eagle3": "eagle3"}
@@ -96,97 +96,32 @@ def serve_command(target: str, drafter: str, kind: str, num_spec: int, port: int
         raise StageError("unsupported_drafter", f"no vLLM method for drafter type {kind!r}")
     spec_cfg = {"model": str(drafter), "method": METHODS[kind],
                 "num_speculative_tokens": int(num_spec)}
-    from workers.stages.generate.backends.vllm_server import default_executable
-
-    # `vllm serve` of the interpreter running the stage (its venv's bin is not always on PATH).
-    return [*default_executable(), str(target), "--host", "127.0.0.1", "--port", str(port),
-            "--served-model-name", served_name, "--seed", "0",
+    return [*vllm_server.serve_command(str(target), port=port, served_name=served_name),
+            "--seed", "0",
             "--speculative-config", json.dumps(spec_cfg), *(extra_args or [])]
 
 
-class VllmServer:
-    """A server process owned by the stage: started, health-checked, always stopped."""
+def metrics(srv: VllmServer) -> SpecCounters:
+    import httpx
 
-    def __init__(self, command: list[str], port: int, log_path: Path,
-                 startup_timeout_s: float = 900.0, env: dict | None = None):
-        self.command = command
-        self.base_url = f"http://127.0.0.1:{port}"
-        self.log_path = Path(log_path)
-        self.startup_timeout_s = startup_timeout_s
-        self.env = env
-        self.proc: subprocess.Popen | None = None
+    r = httpx.get(f"{srv.base_url}/metrics", timeout=10.0)
+    r.raise_for_status()
+    return parse_spec_counters(r.text)
 
-    def __enter__(self) -> VllmServer:  # noqa: PYI034
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self._log = log
-        self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env=self.env)
-        try:
-            self._wait_healthy()
-        except BaseException:
-            # __exit__ does not run when __enter__ raises: a server that never became
-            # healthy (or a stage interrupted while waiting) would otherwise outlive it.
-            self.stop()
-            raise
-        return self
 
-    def _wait_healthy(self) -> None:
-        import httpx
+def complete(srv: VllmServer, model: str, prompts: list[list[int]], max_tokens: int,
+             concurrency: int = 8) -> list[int]:
+    """Greedy completions from prompt token ids; returns generated token counts."""
+    import httpx
 
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise StageError("vllm_failed", f"vLLM exited with status {self.proc.returncode} "
-                                 f"before it was healthy: {self.log_tail()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise StageError("vllm_failed", f"vLLM not healthy after {self.startup_timeout_s:.0f} s: "
-                         f"{self.log_tail()}")
-
-    def log_tail(self, n: int = 2000) -> str:
-        try:
-            return self.log_path.read_bytes()[-n:].decode(errors="replace")
-        except OSError:
-            return ""
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self, grace_s: float = 30.0) -> None:
-        if self.proc is not None:
-            stop_group(self.proc, grace_s)
-        self._close_log()
-
-    def _close_log(self) -> None:
-        if getattr(self, "_log", None) is not None:
-            self._log.close()
-            self._log = None
-
-    def metrics(self) -> SpecCounters:
-        import httpx
-
-        r = httpx.get(f"{self.base_url}/metrics", timeout=10.0)
+    def one(p: list[int]) -> int:
+        body = {"model": model, "prompt": p, "max_tokens": max_tokens, "temperature": 0.0}
+        r = httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=600.0)
         r.raise_for_status()
-        return parse_spec_counters(r.text)
+        return int(r.json().get("usage", {}).get("completion_tokens", 0))
 
-    def complete(self, model: str, prompts: list[list[int]], max_tokens: int,
-                 concurrency: int = 8) -> list[int]:
-        """Greedy completions from prompt token ids; returns generated token counts."""
-        import httpx
-
-        def one(p: list[int]) -> int:
-            body = {"model": model, "prompt": p, "max_tokens": max_tokens, "temperature": 0.0}
-            r = httpx.post(f"{self.base_url}/v1/completions", json=body, timeout=600.0)
-            r.raise_for_status()
-            return int(r.json().get("usage", {}).get("completion_tokens", 0))
-
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            return list(pool.map(one, prompts))
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        return list(pool.map(one, prompts))
 
 
 def vllm_available() -> str | None:
@@ -194,7 +129,7 @@ def vllm_available() -> str | None:
     without CUDA; the CUDA build needs a visible GPU."""
     from importlib.util import find_spec
 
-    from workers.stages.generate.backends.vllm_server import cpu_build_version
+    from workers.stages.vllm_server import cpu_build_version
 
     if find_spec("vllm") is None:
         return "vllm is not installed (GPU boxes: pip install draftyard[gpu])"
@@ -219,13 +154,14 @@ def measure_with_vllm(target: str, drafter: str, kind: str, num_spec: int,
     `command` replaces the `vllm serve` command line (tests use a stand-in server).
     """
     cmd = command or serve_command(target, drafter, kind, num_spec, port, "target", extra_args)
-    with VllmServer(cmd, port, Path(work_dir) / "vllm.log", startup_timeout_s) as srv:
-        srv.complete("target", prompts[:1], 4, concurrency=1)  # warm-up, excluded below
-        before = srv.metrics()
+    with VllmServer(cmd, port, Path(work_dir) / "vllm.log",
+                    startup_timeout_s=startup_timeout_s) as srv:
+        complete(srv, "target", prompts[:1], 4, concurrency=1)  # warm-up, excluded below
+        before = metrics(srv)
         t0 = time.monotonic()
-        counts = srv.complete("target", prompts, max_new_tokens)
+        counts = complete(srv, "target", prompts, max_new_tokens)
         seconds = time.monotonic() - t0
-        after = srv.metrics()
+        after = metrics(srv)
     res = acceptance_from_counters(after.minus(before))
     res.update({"prompts": len(prompts), "generated_tokens": int(sum(counts)),
                 "seconds": round(seconds, 3),

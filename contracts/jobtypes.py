@@ -1,0 +1,106 @@
+"""What each job type *is*, in one place: its params and inputs models, which artifact kinds
+each input accepts, its stage version, whether it resumes and is preemptible by default,
+whether it may use GPUs, whether its finished work may be reused. The API (submit checks),
+the scheduler (reuse), the fingerprint, the run expansion and the stages' entry point read
+this registry; nothing else lists job types.
+
+Imports nothing but pydantic and contracts/: `app/` uses it without the pipeline core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from pydantic import BaseModel
+
+from contracts.evaluate import EvalParams
+from contracts.extract import ExtractParams
+from contracts.generate import GenerateParams
+from contracts.ingest import IngestParams
+from contracts.inputs import (EvaluateInputs, ExtractInputs, GenerateInputs, IngestInputs,
+                              MixInputs, PrepareInputs, ProbeInputs, SplitInputs, TrainInputs)
+from contracts.mix import MixParams
+from contracts.prepare import PrepareParams
+from contracts.probe import ProbeParams
+from contracts.split import SplitParams
+from contracts.train import TrainParams
+
+
+class JobType(StrEnum):
+    ingest = "ingest"
+    mix = "mix"
+    split_ = "split"  # the name `split` would shadow str.split
+    generate = "generate"
+    prepare = "prepare"
+    extract = "extract"
+    train = "train"
+    evaluate = "evaluate"
+    probe = "probe"
+
+
+@dataclass(frozen=True)
+class JobTypeDef:
+    name: JobType
+    params: type[BaseModel]
+    inputs: type[BaseModel]
+    # input name -> the artifact kinds it accepts (a dataset id resolves to its dataset
+    # artifact, a target id to the target, `{"job": id}` to that job's output of a kind here)
+    accepts: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Part of the reuse fingerprint: bump it when the stage's output for the same inputs and
+    # params changes.
+    version: int = 1
+    # A requeued attempt continues from what the stopped one saved in work_dir (checkpoints,
+    # finished shards): only such a type may be preempted.
+    resumable: bool = False
+    preemptible_by_default: bool = False
+    # Does the stage use the GPUs it is given (CPU-only types run where a CPU slot is free)?
+    gpu: bool = False
+    # A finished job with the same fingerprint may stand in for a new one.
+    reusable: bool = True
+
+    def __post_init__(self) -> None:
+        names = set(self.inputs.model_fields)
+        if set(self.accepts) != names:
+            raise TypeError(f"{self.name}: accepts {sorted(self.accepts)} but the inputs "
+                            f"model has {sorted(names)}")
+        if self.preemptible_by_default and not self.resumable:
+            raise TypeError(f"{self.name}: preemptible by default but not resumable")
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The inputs a job of this type must name (the inputs model's required fields)."""
+        return tuple(n for n, f in self.inputs.model_fields.items() if f.is_required())
+
+
+_T = ("target",)
+JOB_TYPES: dict[str, JobTypeDef] = {d.name.value: d for d in (
+    # probe: diagnostics, nothing to lose when stopped, never reused.
+    JobTypeDef(JobType.probe, ProbeParams, ProbeInputs, resumable=True, gpu=True,
+               reusable=False),
+    JobTypeDef(JobType.ingest, IngestParams, IngestInputs, {"source": ("upload", "path")}),
+    JobTypeDef(JobType.mix, MixParams, MixInputs, {"sources": ("dataset",)}),
+    # split: one dataset -> a training part and a held-out part (seeded).
+    JobTypeDef(JobType.split_, SplitParams, SplitInputs, {"dataset": ("dataset",)}),
+    # generate and extract resume from their finished shards/samples; they may opt in.
+    JobTypeDef(JobType.generate, GenerateParams, GenerateInputs,
+               {"dataset": ("dataset",), "target": _T}, resumable=True, gpu=True),
+    JobTypeDef(JobType.prepare, PrepareParams, PrepareInputs,
+               {"dataset": ("dataset",), "target": _T}),
+    JobTypeDef(JobType.extract, ExtractParams, ExtractInputs,
+               {"tokenized": ("tokenized",), "target": _T}, resumable=True, gpu=True),
+    # train checkpoints on SIGTERM: preemptible unless an admin exempts the job.
+    JobTypeDef(JobType.train, TrainParams, TrainInputs,
+               {"tokenized": ("tokenized",), "target": _T, "hidden_states": ("hidden_states",)},
+               resumable=True, preemptible_by_default=True, gpu=True),
+    JobTypeDef(JobType.evaluate, EvalParams, EvaluateInputs,
+               {"target": _T, "drafter": ("drafter",), "data": ("tokenized", "dataset"),
+                "baseline_drafter": ("drafter",)}, gpu=True),
+)}
+assert set(JOB_TYPES) == set(JobType), "every JobType has exactly one definition"
+
+RESUMABLE = frozenset(n for n, d in JOB_TYPES.items() if d.resumable)
+NEVER_REUSE = frozenset(n for n, d in JOB_TYPES.items() if not d.reusable)
+
+
+def job_type(name: str) -> JobTypeDef:
+    return JOB_TYPES[name]
