@@ -59,7 +59,7 @@ def test_the_plan_warns_of_a_gpu_stage_without_a_gpu_node_and_estimates_steps(
             "stages": {"prepare": {"seq_length": 256}, "extract": None,
                        "train": {"gpus": 64, "epochs": 1, "max_steps": 30,
                                  "seq_length": 256}}}
-    plan = api.post("/v1/plans", body, timeout=120)
+    plan = api.post("/v1/plans", body, timeout=300)
     assert plan.status_code == 200, plan.text
     plan = plan.json()
     assert any(w.startswith("stages.train.gpus 64: ") for w in plan["warnings"]), plan
@@ -88,9 +88,9 @@ def test_a_run_and_a_plan_take_names_for_ids(api, worker, target, dataset):
             "mode": "online", "stages": {"prepare": {"seq_length": 256}, "extract": None,
                                          "train": {"max_steps": 2, "seq_length": 256},
                                          "evaluate": None}}
-    plan = api.post("/v1/plans", body, timeout=120)
+    plan = api.post("/v1/plans", body, timeout=300)
     assert plan.status_code == 200 and plan.json()["ok"], plan.text
-    r = api.post("/v1/runs", body, timeout=120)
+    r = api.post("/v1/runs", body, timeout=300)
     assert r.status_code == 201, r.text
     run = r.json()
     api.post(f"/v1/runs/{run['id']}/cancel")
@@ -129,7 +129,7 @@ def test_a_refused_plan_names_its_field_and_ranges_read_as_ranges(api, worker, t
             "stages": {"prepare": {"seq_length": 256},
                        "extract": {"dtype": "float32", "layer_ids": [1, 9]},
                        "train": {"max_steps": 2, "seq_length": 256}, "evaluate": None}}
-    r = api.post("/v1/runs", body, timeout=120)
+    r = api.post("/v1/runs", body, timeout=300)
     assert r.status_code == 422, r.text
     e = r.json()["error"]
     assert e["param"] == "stages.extract.layer_ids", e
