@@ -334,6 +334,19 @@ class Client:
     def get_artifact(self, artifact_id: str) -> Json:
         return self.get(f"/v1/artifacts/{artifact_id}")
 
+    def delete_artifact(self, artifact_id: str) -> Json:
+        """Files removed, the row kept as a tombstone; 409 (`Conflict`) while in use."""
+        return self.delete(f"/v1/artifacts/{artifact_id}")
+
+    # ---- storage --------------------------------------------------------------------
+    def storage(self) -> Json:
+        """Bytes by kind, owner and run; volumes; reclaimable bytes (GET /v1/storage)."""
+        return self.get("/v1/storage")
+
+    def prune_storage(self, dry_run: bool = True) -> Json:
+        """What retention removes now (`dry_run`: only list it)."""
+        return self.post("/v1/storage/prune", {"dry_run": dry_run})
+
     def download_file(self, artifact_id: str, path: str, dest: str | Path,
                       progress: Progress | None = None) -> Path:
         """One file of an artifact to `dest`, written whole or not at all."""

@@ -16,6 +16,7 @@ import typer
 from app.cli import initrun as _initrun
 from app.cli import resources as _resources
 from app.cli import runs as _runs
+from app.cli import storage as _storage
 from app.cli.view import (console, describe, fail, follow_jobs, jobs_table, owner_names,
                           print_error,
                           print_failures,
@@ -217,6 +218,7 @@ def nodes(json_out: bool = typer.Option(False, "--json", help="the API's JSON"))
 _runs.register(cli)  # plan, run, runs (list, show), dataset
 _resources.register(cli)  # targets, datasets, artifacts, users, webhooks
 _initrun.register(cli)  # init-run
+_storage.register(cli)  # storage, storage prune
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
     draftyard targets [--json]               draftyard targets add NAME PATH
     draftyard datasets [--json]              (upload: `draftyard dataset FILE`)
-    draftyard artifacts [--kind K] [--json]  draftyard artifacts pull ART_ID DIR
+    draftyard artifacts [--kind K] [--json]  draftyard artifacts pull ART_ID DIR / rm ART_ID
     draftyard users [--json]                 draftyard users add NAME [--role admin]
     draftyard webhooks [--json]              draftyard webhooks add URL [--event E ...]
                                              draftyard webhooks rm ID / deliveries ID
@@ -102,7 +102,8 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
                                 d.get("num_rejected"), (d.get("stats") or {}).get("user_only")],
               owners=True)
 
-    artifacts = _group(cli, "artifacts", "Artifacts: list them, pull one into a folder.")
+    artifacts = _group(cli, "artifacts", "Artifacts: list them, pull one into a folder, "
+                                              "delete one (rm).")
 
     @artifacts.callback(invoke_without_command=True)
     def artifacts_list(ctx: typer.Context, kind: Optional[str] = None,
@@ -111,7 +112,8 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
             return
         _list(lambda c: c.list_artifacts(kind, job_id, limit)["data"], json_out, "artifacts",
               ("id", "kind", "size", "files", "producer job", "inputs"),
-              lambda a, _: [a["id"], a["kind"], _size(a["bytes"]), len(a["files"]),
+              lambda a, _: [a["id"], a["kind"], _size(a["bytes"]) +
+                            (" (deleted)" if a.get("deleted_at") else ""), len(a["files"]),
                             a["producer_job"], ", ".join(a["inputs"])])
 
     @artifacts.command("pull")
@@ -129,6 +131,16 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
             fail(e)
         n = sum(1 for p in dest.rglob("*") if p.is_file())
         console.print(f"pulled {artifact_id} into {dest} ({n} files)")
+
+    @artifacts.command("rm")
+    def artifacts_rm(artifact_id: str):
+        """Delete an artifact's files; its row stays as a tombstone (lineage still reads)."""
+        try:
+            a = Client().delete_artifact(artifact_id)
+        except ApiError as e:
+            fail(e)
+            return
+        console.print(f"deleted {artifact_id}: freed {_size(a['bytes_freed'])}")
 
     users = _group(cli, "users", "The team: list users; admins add them.")
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import orjson
-from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -14,6 +14,7 @@ from app.core.idempotency import idempotent
 from app.core.pagination import Page, list_body, page_params, paginate
 from app.core.reads import typed
 from app.datasets import service
+from app.datasets.rejects import rejects_page
 from app.datasets.schemas import DatasetList, DatasetRead
 from app.models import Dataset
 from contracts.inputs import MixSource
@@ -106,6 +107,14 @@ def list_datasets(status: str | None = None, page: Page = Depends(page_params),
 @router.get("/{ds_id}", response_model=DatasetRead)
 def get_dataset(ds_id: str, user: Principal = Depends(current_user), session: Session = DB):
     return typed(service.dataset_read(service.get_dataset(session, ds_id)))
+
+
+@router.get("/{ds_id}/rejects")
+def get_rejects(ds_id: str, limit: int = Query(100, ge=1, le=1000), after: str | None = None,
+                user: Principal = Depends(current_user), session: Session = DB):
+    """The dataset's rejected input records, `{"line", "reason"}` in input order, a page at
+    a time (docs/API-additions.md, issue 22)."""
+    return rejects_page(session, service.get_dataset(session, ds_id), limit, after)
 
 
 @router.delete("/{ds_id}", status_code=204)
