@@ -40,7 +40,7 @@ def named(api, home):
         for i in range(40)))
     d = api.post("/v1/datasets", {"name": "cli-fd-data", "path": str(p)}).json()
     ds = wait_for(lambda: (x := api.get(f"/v1/datasets/{d['id']}").json())["status"]
-                  != "ingesting" and x, 120, 0.3, "ingest")
+                  != "ingesting" and x, 300, 0.3, "ingest")
     return t.json(), ds
 
 

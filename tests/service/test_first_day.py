@@ -30,7 +30,7 @@ def dataset(api, home):
         for i in range(40)))
     d = api.post("/v1/datasets", {"name": "first-day", "path": str(p)}).json()
     return wait_for(lambda: (x := api.get(f"/v1/datasets/{d['id']}").json())["status"]
-                    != "ingesting" and x, 120, 0.3, "ingest")
+                    != "ingesting" and x, 300, 0.3, "ingest")
 
 
 def test_a_gpu_job_with_no_node_for_it_says_why_at_once(api, worker):
@@ -142,7 +142,7 @@ def test_an_unknown_format_names_the_cli_flag(api, home):
     p.write_text('{"foo": 1}\n{"bar": 2}\n')
     d = api.post("/v1/datasets", {"name": "odd-shape", "path": str(p)}).json()
     d = wait_for(lambda: (x := api.get(f"/v1/datasets/{d['id']}").json())["status"]
-                 != "ingesting" and x, 120, 0.3, "ingest")
+                 != "ingesting" and x, 300, 0.3, "ingest")
     assert d["status"] == "failed" and "--format" in json.dumps(d["error"]), d
 
 
