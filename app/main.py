@@ -23,6 +23,7 @@ from app.plans.routes import router as plans
 from app.runs.routes import router as runs
 from app.scheduler.reaper import ApiReaper
 from app.storage.delete import check_storage
+from app.storage.routes import router as storage
 from app.targets.routes import router as targets
 from app.users.routes import router as users
 from app.webhooks.routes import router as webhooks
@@ -67,7 +68,8 @@ def create_app() -> FastAPI:
     app.add_middleware(RequestIdMiddleware)
     for r in (health, dashboard):
         app.include_router(r)
-    for r in (users, jobs, cluster, targets, datasets, artifacts, runs, plans, webhooks):
+    for r in (users, jobs, cluster, targets, datasets, artifacts, runs, plans, webhooks,
+              storage):
         app.include_router(r, responses=ERROR_RESPONSES)
     logging.getLogger("draftyard").setLevel(logging.INFO)
     access = logging.getLogger("uvicorn.access")

@@ -22,6 +22,7 @@ from app.jobs.service import add_event, cas_status, requeue_preempted, transitio
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, Job
 from app.scheduler.reaper import fence_s, give_up_s
+from app.storage.retention import settle_scratch
 from contracts.spec import StageSpec
 from workers.attempt import Attempt
 from workers.publish import ArtifactMissing, Published, publish_artifacts, unpublish
@@ -207,6 +208,10 @@ def run_job(job_id: str, node: str) -> str:
         # until the reaper would take the job anyway (then finish records nothing).
         done = att
         retrying(lambda: finish(done, outcome), f"job {job_id}: finish", fence_s())
+        try:  # retention (app/storage/retention.py): best effort, prune finds what is left
+            settle_scratch(job_id)
+        except Exception:  # noqa: BLE001
+            log.exception("job %s: scratch not settled", job_id)
     except Exception as e:  # noqa: BLE001  infrastructure failure: record it, never hang
         if sup is not None:
             sup.kill()  # nothing of this attempt may outlive its supervisor
