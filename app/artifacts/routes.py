@@ -2,23 +2,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from fastapi.responses import FileResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.core.auth import Principal, current_user
-from app.core.db import request_session
-from app.core.errors import NotFound
-from app.core.pagination import Page, list_body, page_params, paginate
 from app.artifacts.schemas import ArtifactList, ArtifactRead
+from app.core.deps import CurrentUser, PageDep, SessionDep
+from app.core.errors import NotFound
+from app.core.pagination import list_body, paginate
 from app.core.reads import typed
 from app.models import Artifact
 from app.storage import delete
 from contracts.roots import within_roots
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
-DB = Depends(request_session, scope="function")
 
 
 def artifact_read(a: Artifact) -> dict:
@@ -36,9 +34,9 @@ def _get(session: Session, art_id: str) -> Artifact:
 
 
 @router.get("", response_model=ArtifactList)
-def list_artifacts(kind: str | None = None, job_id: str | None = None,
-                   page: Page = Depends(page_params), user: Principal = Depends(current_user),
-                   session: Session = DB):
+def list_artifacts(*, kind: str | None = None, job_id: str | None = None,
+                   page: PageDep, user: CurrentUser,
+                   session: SessionDep):
     stmt = select(Artifact)
     if kind:
         stmt = stmt.where(Artifact.kind == kind)
@@ -49,19 +47,19 @@ def list_artifacts(kind: str | None = None, job_id: str | None = None,
 
 
 @router.get("/{art_id}", response_model=ArtifactRead)
-def get_artifact(art_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def get_artifact(art_id: str, user: CurrentUser, session: SessionDep):
     return typed(artifact_read(_get(session, art_id)))
 
 
 @router.delete("/{art_id}", response_model=ArtifactRead)
-def delete_artifact(art_id: str, user: Principal = Depends(current_user),
-                    session: Session = DB):
+def delete_artifact(art_id: str, user: CurrentUser,
+                    session: SessionDep):
     """Files removed, the row kept as a tombstone (app/storage/delete.py); 409 while in use."""
     return typed(artifact_read(delete.delete_artifact(session, user, _get(session, art_id))))
 
 
 @router.get("/{art_id}/files/{path:path}")
-def get_file(art_id: str, path: str, user: Principal = Depends(current_user), session: Session = DB):
+def get_file(art_id: str, path: str, user: CurrentUser, session: SessionDep):
     a = _get(session, art_id)
     if a.deleted_at is not None:
         raise NotFound(f"artifact {art_id} was deleted at {a.deleted_at.isoformat()}; its "

@@ -1,17 +1,16 @@
 from __future__ import annotations
 
 import orjson
-from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi import APIRouter, Header, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from app.core.auth import Principal, current_user
+from app.core.auth import current_user
 from app.core.config import get_settings
-from app.core.db import request_session
+from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.errors import BadRequest, Invalid
 from app.core.idempotency import idempotent
-from app.core.pagination import Page, list_body, page_params, paginate
+from app.core.pagination import list_body, paginate
 from app.core.reads import typed
 from app.datasets import service
 from app.datasets.schemas import DatasetList, DatasetRead
@@ -19,7 +18,6 @@ from app.models import Dataset
 from contracts.inputs import MixSource
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
-DB = Depends(request_session, scope="function")
 
 
 class DatasetFromPath(BaseModel):
@@ -49,7 +47,7 @@ UPLOAD_BODY = {"requestBody": {"required": True, "content": {
 
 
 @router.post("", status_code=201, openapi_extra=UPLOAD_BODY)
-async def create_dataset(request: Request, session: Session = DB):
+async def create_dataset(request: Request, session: SessionDep):
     # The token is checked here, not as a dependency: an upload only after it (no one streams
     # gigabytes to be told 401), a JSON body only once it parses (malformed JSON is a 400
     # before a 401, as on the routes whose body FastAPI reads).
@@ -87,15 +85,15 @@ async def create_dataset(request: Request, session: Session = DB):
 
 
 @router.post("/mix", status_code=201, response_model=DatasetRead)
-def mix(body: MixCreate, user: Principal = Depends(current_user), session: Session = DB,
+def mix(body: MixCreate, user: CurrentUser, session: SessionDep,
         idempotency_key: str | None = Header(None)):
     return idempotent(session, user, idempotency_key, body.model_dump(),
                       lambda: service.dataset_read(service.mix(session, user, body)))
 
 
 @router.get("", response_model=DatasetList)
-def list_datasets(status: str | None = None, page: Page = Depends(page_params),
-                  user: Principal = Depends(current_user), session: Session = DB):
+def list_datasets(*, status: str | None = None, page: PageDep,
+                  user: CurrentUser, session: SessionDep):
     stmt = select(Dataset)
     if status:
         stmt = stmt.where(Dataset.status == status)
@@ -104,11 +102,11 @@ def list_datasets(status: str | None = None, page: Page = Depends(page_params),
 
 
 @router.get("/{ds_id}", response_model=DatasetRead)
-def get_dataset(ds_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def get_dataset(ds_id: str, user: CurrentUser, session: SessionDep):
     return typed(service.dataset_read(service.get_dataset(session, ds_id)))
 
 
 @router.delete("/{ds_id}", status_code=204)
-def delete_dataset(ds_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def delete_dataset(ds_id: str, user: CurrentUser, session: SessionDep):
     service.delete_dataset(session, user, service.get_dataset(session, ds_id))
     return Response(status_code=204)

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
-from app.core.auth import Principal, current_user
+from fastapi import APIRouter
+
+from app.core.deps import CurrentUser
 from app.plans import service
 from app.runs.schemas import RunCreate
 
@@ -9,6 +10,6 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
 
 @router.post("")
-def create_plan(body: RunCreate, user: Principal = Depends(current_user)):
+def create_plan(body: RunCreate, user: CurrentUser):
     # No request session: the plan reads in its own short transaction, then runs for seconds.
     return service.make_plan(body)

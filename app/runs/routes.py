@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Header
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from app.core.auth import Principal, current_user
-from app.core.db import request_session
+from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.idempotency import idempotent, replay
-from app.core.pagination import Page, list_body, page_params, paginate
+from app.core.pagination import list_body, paginate
 from app.core.reads import typed
 from app.models import Run
 from app.plans.service import plan_or_refuse
@@ -16,11 +14,10 @@ from app.runs.report import build_report
 from app.runs.schemas import RunCreate, RunCreated, RunList, RunRead
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
-DB = Depends(request_session, scope="function")
 
 
 @router.post("", status_code=201, response_model=RunCreated)
-def create_run(body: RunCreate, user: Principal = Depends(current_user), session: Session = DB,
+def create_run(body: RunCreate, user: CurrentUser, session: SessionDep,
                idempotency_key: str | None = Header(None)):
     request = body.model_dump(mode="json")
     if idempotency_key and (done := replay(user, idempotency_key, request)) is not None:
@@ -40,30 +37,30 @@ def create_run(body: RunCreate, user: Principal = Depends(current_user), session
 
 
 @router.get("", response_model=RunList)
-def list_runs(page: Page = Depends(page_params), user: Principal = Depends(current_user),
-              session: Session = DB):
+def list_runs(page: PageDep, user: CurrentUser,
+              session: SessionDep):
     rows, more, nxt = paginate(session, select(Run), Run.id, page)
     return typed(list_body(service.runs_read(session, rows), more, nxt))
 
 
 @router.get("/{run_id}", response_model=RunRead)
-def get_run(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def get_run(run_id: str, user: CurrentUser, session: SessionDep):
     return typed(service.run_read(session, service.get_run(session, run_id)))
 
 
 @router.get("/{run_id}/report")
-def get_run_report(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def get_run_report(run_id: str, user: CurrentUser, session: SessionDep):
     """What the dashboard's run page and `draftyard runs show` render (app/runs/report.py)."""
     return build_report(session, service.get_run(session, run_id))
 
 
 @router.post("/{run_id}/cancel", response_model=RunRead)
-def cancel_run(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def cancel_run(run_id: str, user: CurrentUser, session: SessionDep):
     run = service.cancel_run(session, user, service.get_run(session, run_id))
     return typed(service.run_read(session, run))
 
 
 @router.post("/{run_id}/retry", response_model=RunRead)
-def retry_run(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def retry_run(run_id: str, user: CurrentUser, session: SessionDep):
     run = service.retry_run(session, user, service.get_run(session, run_id))
     return typed(service.run_read(session, run))

@@ -1,22 +1,19 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Header
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from app.core.auth import Principal, current_user
-from contracts.bounds import JsonObject
-from app.core.db import request_session
+from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.idempotency import idempotent
-from app.core.pagination import Page, list_body, page_params, paginate
+from app.core.pagination import list_body, paginate
 from app.core.reads import typed
 from app.models import Target
 from app.targets import service
 from app.targets.schemas import TargetList, TargetRead
+from contracts.bounds import JsonObject
 
 router = APIRouter(prefix="/v1/targets", tags=["targets"])
-DB = Depends(request_session, scope="function")
 
 
 class TargetCreate(BaseModel):
@@ -29,19 +26,19 @@ class TargetCreate(BaseModel):
 
 
 @router.post("", status_code=201, response_model=TargetRead)
-def create_target(body: TargetCreate, user: Principal = Depends(current_user),
-                  session: Session = DB, idempotency_key: str | None = Header(None)):
+def create_target(body: TargetCreate, user: CurrentUser,
+                  session: SessionDep, idempotency_key: str | None = Header(None)):
     return idempotent(session, user, idempotency_key, body.model_dump(),
                       lambda: service.target_read(service.create_target(session, user, body)))
 
 
 @router.get("", response_model=TargetList)
-def list_targets(page: Page = Depends(page_params), user: Principal = Depends(current_user),
-                 session: Session = DB):
+def list_targets(page: PageDep, user: CurrentUser,
+                 session: SessionDep):
     rows, more, nxt = paginate(session, select(Target), Target.id, page)
     return typed(list_body([service.target_read(t) for t in rows], more, nxt))
 
 
 @router.get("/{target_id}", response_model=TargetRead)
-def get_target(target_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def get_target(target_id: str, user: CurrentUser, session: SessionDep):
     return typed(service.target_read(service.get_target(session, target_id)))

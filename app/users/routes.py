@@ -2,19 +2,16 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from app.core.auth import Principal, current_user, require_admin
-from app.core.db import request_session
-from app.core.pagination import Page, list_body, page_params, paginate
+from app.core.deps import AdminUser, CurrentUser, PageDep, SessionDep
+from app.core.pagination import list_body, paginate
 from app.models import User
 from app.users import service
 
 router = APIRouter(prefix="/v1", tags=["users"])
-DB = Depends(request_session, scope="function")
 
 
 class Role(StrEnum):
@@ -29,7 +26,7 @@ class UserCreate(BaseModel):
 
 
 @router.post("/users", status_code=201)
-def create_user(body: UserCreate, admin: Principal = Depends(require_admin), session: Session = DB):
+def create_user(body: UserCreate, admin: AdminUser, session: SessionDep):
     user, tok, secret = service.create_user(session, body.name, body.role.value)
     # token_id: the handle to revoke it with (DELETE /v1/tokens/{id}) without a second call.
     return {"id": user.id, "name": user.name, "role": user.role, "created_at": user.created_at,
@@ -37,8 +34,8 @@ def create_user(body: UserCreate, admin: Principal = Depends(require_admin), ses
 
 
 @router.get("/users")
-def list_users(page: Page = Depends(page_params), user: Principal = Depends(current_user),
-               session: Session = DB):
+def list_users(page: PageDep, user: CurrentUser,
+               session: SessionDep):
     """The team's directory (id, name, role), readable by every member: jobs, runs and
     datasets name their owner by id, and clients show names (the queue already does)."""
     rows, more, nxt = paginate(session, select(User), User.id, page)
@@ -47,17 +44,17 @@ def list_users(page: Page = Depends(page_params), user: Principal = Depends(curr
 
 
 @router.get("/users/me")
-def me(user: Principal = Depends(current_user)):
+def me(user: CurrentUser):
     return {"id": user.id, "name": user.name, "role": user.role}
 
 
 @router.post("/users/{user_id}/tokens", status_code=201)
-def create_token(user_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def create_token(user_id: str, user: CurrentUser, session: SessionDep):
     tok, secret = service.new_token(session, user, user_id)
     return {"id": tok.id, "user_id": tok.user_id, "token": secret, "created_at": tok.created_at}
 
 
 @router.delete("/tokens/{token_id}", status_code=204)
-def delete_token(token_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def delete_token(token_id: str, user: CurrentUser, session: SessionDep):
     service.revoke_token(session, user, token_id)
     return Response(status_code=204)
