@@ -12,7 +12,8 @@ from app.core.config import get_settings
 from app.core.db import db_now, utcnow
 from app.core.errors import Forbidden, NotFound
 from app.jobs.lifecycle import queue_changed
-from app.jobs.render import jobs_read
+from app.core.reads import plain
+from app.jobs.render import job_models
 from app.jobs.states import ACTIVE, WAITING
 from app.models import Gpu, Job, Node, User
 from app.scheduler.reads import usage_by_owner
@@ -106,8 +107,8 @@ def queue_view(session: Session) -> dict:
         .where(Job.status.in_(WAITING)).group_by(Job.owner_id))}
     users = sorted(set(usage) | set(counts))
     return {
-        "running": jobs_read(session, active),
-        "waiting": jobs_read(session, waiting),
+        "running": plain(job_models(session, active)),
+        "waiting": plain(job_models(session, waiting)),
         "quota_gpus": get_settings().user_gpu_quota or None,
         "users": [{"id": u, "name": names.get(u),
                    "gpus_held": usage[u].gpus_held if u in usage else 0,

@@ -3,18 +3,15 @@ from __future__ import annotations
 import orjson
 from fastapi import APIRouter, Header, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import select
 
 from app.core.auth import current_user
 from app.core.config import get_settings
 from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.errors import BadRequest, Invalid
 from app.core.idempotency import idempotent
-from app.core.pagination import list_body, paginate
 from app.core.reads import typed
 from app.datasets import service
 from app.datasets.schemas import DatasetList, DatasetRead
-from app.models import Dataset
 from contracts.inputs import MixSource
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
@@ -66,7 +63,7 @@ async def create_dataset(request: Request, session: SessionDep):
 
         d = await asyncio.to_thread(service.from_upload, session, user, name, upload.filename,
                                     upload.file, fmt)
-        return service.dataset_read(d)
+        return DatasetRead.of(d)
     try:
         data = orjson.loads(await request.body())
     except orjson.JSONDecodeError as e:
@@ -80,7 +77,7 @@ async def create_dataset(request: Request, session: SessionDep):
         msg = f"unknown field '{loc}'" if err["type"] == "extra_forbidden" else f"{loc}: {err['msg']}"
         raise Invalid(msg, param=loc) from e
     key = request.headers.get("idempotency-key")
-    return idempotent(session, user, key, body.model_dump(), lambda: service.dataset_read(
+    return idempotent(session, user, key, body.model_dump(), lambda: DatasetRead.of(
         service.from_path(session, user, body.name, body.path, body.format)))
 
 
@@ -88,22 +85,20 @@ async def create_dataset(request: Request, session: SessionDep):
 def mix(body: MixCreate, user: CurrentUser, session: SessionDep,
         idempotency_key: str | None = Header(None)):
     return idempotent(session, user, idempotency_key, body.model_dump(),
-                      lambda: service.dataset_read(service.mix(session, user, body)))
+                      lambda: DatasetRead.of(service.mix(session, user, body)))
 
 
 @router.get("", response_model=DatasetList)
 def list_datasets(*, status: str | None = None, page: PageDep,
                   user: CurrentUser, session: SessionDep):
-    stmt = select(Dataset)
-    if status:
-        stmt = stmt.where(Dataset.status == status)
-    rows, more, nxt = paginate(session, stmt, Dataset.id, page)
-    return typed(list_body([service.dataset_read(d) for d in rows], more, nxt))
+    rows, more, nxt = service.list_datasets(session, page, status=status)
+    return typed(DatasetList(data=[DatasetRead.of(d) for d in rows], has_more=more,
+                             next_after=nxt))
 
 
 @router.get("/{ds_id}", response_model=DatasetRead)
 def get_dataset(ds_id: str, user: CurrentUser, session: SessionDep):
-    return typed(service.dataset_read(service.get_dataset(session, ds_id)))
+    return typed(DatasetRead.of(service.get_dataset(session, ds_id)))
 
 
 @router.delete("/{ds_id}", status_code=204)

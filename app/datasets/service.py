@@ -20,6 +20,7 @@ from app.core.config import get_settings
 from app.core.db import after_commit
 from app.core.errors import Conflict, Invalid, NoSpace, NotFound, TooLarge
 from app.core.ids import new_id
+from app.core.pagination import Page, paginate
 from app.core.paths import resolve_inside
 from app.jobs.lifecycle import StatusChanged
 from app.jobs.schemas import JobCreate
@@ -193,6 +194,13 @@ def on_job_status(session: Session, ev: StatusChanged) -> None:
         ds.status = "ingesting"
 
 
+def list_datasets(session: Session, page: Page, *, status: str | None = None):
+    stmt = select(Dataset)
+    if status:
+        stmt = stmt.where(Dataset.status == status)
+    return paginate(session, stmt, Dataset.id, page)
+
+
 def get_dataset(session: Session, ds_id: str) -> Dataset:
     d = session.get(Dataset, ds_id)
     if d is None:
@@ -223,10 +231,3 @@ def delete_dataset(session: Session, user: Principal, d: Dataset) -> None:
     after_commit(session, lambda: shutil.rmtree(upload, ignore_errors=True))
     session.delete(d)
 
-
-def dataset_read(d: Dataset) -> dict:
-    return {"id": d.id, "name": d.name, "status": d.status, "format": d.format,
-            "num_records": d.num_records, "num_rejected": d.num_rejected,
-            "rejected_sample": d.rejected_sample or [], "stats": d.stats or {},
-            "artifact_id": d.artifact_id, "job_id": d.job_id, "source": d.source,
-            "error": d.error, "created_at": d.created_at, "owner": d.owner_id}

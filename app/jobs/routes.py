@@ -13,11 +13,10 @@ from app.core.db import unit_of_work
 from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.idempotency import idempotent
 from app.core.jsonresp import SafeJSONResponse
-from app.core.pagination import list_body
 from app.core.reads import typed
 from app.jobs import logs, service
 from app.jobs.params import validate_params
-from app.jobs.render import job_read, jobs_read
+from app.jobs.render import job_model, job_models
 from app.jobs.schemas import JobCreate, JobList, JobRead, PreemptibleUpdate, PriorityUpdate
 from app.jobs.states import TERMINAL
 
@@ -29,7 +28,7 @@ def create_job(body: JobCreate, user: CurrentUser, session: SessionDep,
                idempotency_key: str | None = Header(None)):
     def make():
         job = service.create_job(session, user, body, validate_params=validate_params)
-        return job_read(job)
+        return job_model(job)
     return idempotent(session, user, idempotency_key, body.model_dump(mode="json"), make)
 
 
@@ -39,51 +38,51 @@ def list_jobs(*, status: str | None = None, type: str | None = None, owner: str 
               user: CurrentUser, session: SessionDep):
     rows, more, nxt = service.list_jobs(session, page, status=status, type_=type, owner=owner,
                                         run_id=run_id)
-    return SafeJSONResponse(list_body(jobs_read(session, rows), more, nxt))
+    return typed(JobList(data=job_models(session, rows), has_more=more, next_after=nxt))
 
 
 @router.get("/{job_id}", response_model=JobRead)
 async def get_job(job_id: str, user: CurrentUser):
     # The route every client polls: one hop to the thread pool for the whole read (a sync
     # route with a sync session dependency costs several hops per request).
-    def read() -> dict:
+    def read() -> JobRead:
         with unit_of_work(read_only=True) as s:
-            return jobs_read(s, [service.get_job(s, job_id)])[0]
-    return SafeJSONResponse(await run_in_threadpool(read), headers={"Cache-Control": "no-store"})
+            return job_models(s, [service.get_job(s, job_id)])[0]
+    return typed(await run_in_threadpool(read), headers={"Cache-Control": "no-store"})
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead)
 def cancel_job(job_id: str, user: CurrentUser, session: SessionDep):
-    return typed(job_read(service.cancel_job(session, user, service.get_job(session, job_id))))
+    return typed(job_model(service.cancel_job(session, user, service.get_job(session, job_id))))
 
 
 @router.post("/{job_id}/retry", response_model=JobRead)
 def retry_job(job_id: str, user: CurrentUser, session: SessionDep):
-    return typed(job_read(service.retry_job(session, user, service.get_job(session, job_id))))
+    return typed(job_model(service.retry_job(session, user, service.get_job(session, job_id))))
 
 
 @router.post("/{job_id}/priority", response_model=JobRead)
 def set_priority(job_id: str, body: PriorityUpdate, user: CurrentUser,
                  session: SessionDep):
-    return typed(job_read(service.set_priority(session, user, service.get_job(session, job_id),
+    return typed(job_model(service.set_priority(session, user, service.get_job(session, job_id),
                                                body.priority)))
 
 
 @router.post("/{job_id}/preemptible", response_model=JobRead)
 def set_preemptible(job_id: str, body: PreemptibleUpdate, user: CurrentUser,
                     session: SessionDep):
-    return typed(job_read(service.set_preemptible(session, user, service.get_job(session, job_id),
+    return typed(job_model(service.set_preemptible(session, user, service.get_job(session, job_id),
                                                   body.preemptible)))
 
 
 @router.post("/{job_id}/hold", response_model=JobRead)
 def hold(job_id: str, user: CurrentUser, session: SessionDep):
-    return typed(job_read(service.set_hold(session, user, service.get_job(session, job_id), True)))
+    return typed(job_model(service.set_hold(session, user, service.get_job(session, job_id), True)))
 
 
 @router.post("/{job_id}/release", response_model=JobRead)
 def release(job_id: str, user: CurrentUser, session: SessionDep):
-    return typed(job_read(service.set_hold(session, user, service.get_job(session, job_id),
+    return typed(job_model(service.set_hold(session, user, service.get_job(session, job_id),
                                            False)))
 
 

@@ -1,13 +1,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Header
-from sqlalchemy import select
 
 from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.idempotency import idempotent, replay
-from app.core.pagination import list_body, paginate
 from app.core.reads import typed
-from app.models import Run
 from app.plans.service import plan_or_refuse
 from app.runs import service
 from app.runs.report import build_report
@@ -30,22 +27,20 @@ def create_run(body: RunCreate, user: CurrentUser, session: SessionDep,
     def make():
         run = service.create_run(session, user, body, chain)
         session.flush()
-        out = service.run_read(session, run)
-        out["plan"] = plan
-        return out
+        return RunCreated(**dict(service.run_model(session, run)), plan=plan)
     return idempotent(session, user, idempotency_key, request, make)
 
 
 @router.get("", response_model=RunList)
 def list_runs(page: PageDep, user: CurrentUser,
               session: SessionDep):
-    rows, more, nxt = paginate(session, select(Run), Run.id, page)
-    return typed(list_body(service.runs_read(session, rows), more, nxt))
+    rows, more, nxt = service.list_runs(session, page)
+    return typed(RunList(data=service.run_models(session, rows), has_more=more, next_after=nxt))
 
 
 @router.get("/{run_id}", response_model=RunRead)
 def get_run(run_id: str, user: CurrentUser, session: SessionDep):
-    return typed(service.run_read(session, service.get_run(session, run_id)))
+    return typed(service.run_model(session, service.get_run(session, run_id)))
 
 
 @router.get("/{run_id}/report")
@@ -57,10 +52,10 @@ def get_run_report(run_id: str, user: CurrentUser, session: SessionDep):
 @router.post("/{run_id}/cancel", response_model=RunRead)
 def cancel_run(run_id: str, user: CurrentUser, session: SessionDep):
     run = service.cancel_run(session, user, service.get_run(session, run_id))
-    return typed(service.run_read(session, run))
+    return typed(service.run_model(session, run))
 
 
 @router.post("/{run_id}/retry", response_model=RunRead)
 def retry_run(run_id: str, user: CurrentUser, session: SessionDep):
     run = service.retry_run(session, user, service.get_run(session, run_id))
-    return typed(service.run_read(session, run))
+    return typed(service.run_model(session, run))

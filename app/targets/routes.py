@@ -2,13 +2,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Header
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
 
 from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.idempotency import idempotent
-from app.core.pagination import list_body, paginate
 from app.core.reads import typed
-from app.models import Target
 from app.targets import service
 from app.targets.schemas import TargetList, TargetRead
 from contracts.bounds import JsonObject
@@ -29,16 +26,17 @@ class TargetCreate(BaseModel):
 def create_target(body: TargetCreate, user: CurrentUser,
                   session: SessionDep, idempotency_key: str | None = Header(None)):
     return idempotent(session, user, idempotency_key, body.model_dump(),
-                      lambda: service.target_read(service.create_target(session, user, body)))
+                      lambda: TargetRead.of(service.create_target(session, user, body)))
 
 
 @router.get("", response_model=TargetList)
 def list_targets(page: PageDep, user: CurrentUser,
                  session: SessionDep):
-    rows, more, nxt = paginate(session, select(Target), Target.id, page)
-    return typed(list_body([service.target_read(t) for t in rows], more, nxt))
+    rows, more, nxt = service.list_targets(session, page)
+    return typed(TargetList(data=[TargetRead.of(t) for t in rows], has_more=more,
+                            next_after=nxt))
 
 
 @router.get("/{target_id}", response_model=TargetRead)
 def get_target(target_id: str, user: CurrentUser, session: SessionDep):
-    return typed(service.target_read(service.get_target(session, target_id)))
+    return typed(TargetRead.of(service.get_target(session, target_id)))

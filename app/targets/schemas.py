@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from app.jobs.schemas import ReadModel
+from app.core.reads import ReadModel
+from app.models import Target
 
 
 class TargetRead(ReadModel):
@@ -22,6 +23,14 @@ class TargetRead(ReadModel):
     vocab_size: int | None
     has_chat_template: bool
     created_at: datetime
+
+    @classmethod
+    def of(cls, t: Target) -> TargetRead:
+        return cls(id=t.id, name=t.name, owner=t.owner_id, path=t.path,
+                   tokenizer_path=t.tokenizer_path, chat_template=t.chat_template,
+                   chat_template_kwargs=t.chat_template_kwargs, architecture=t.architecture,
+                   hidden_size=t.hidden_size, num_layers=t.num_layers, vocab_size=t.vocab_size,
+                   has_chat_template=t.has_chat_template, created_at=t.created_at)
 
 
 class TargetList(ReadModel):

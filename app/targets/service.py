@@ -8,12 +8,14 @@ from pathlib import Path
 from jinja2 import TemplateSyntaxError, nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
 from app.core.config import get_settings
 from app.core.errors import Invalid, NotFound
 from app.core.ids import new_id
+from app.core.pagination import Page, paginate
 from app.core.paths import resolve_inside
 from app.models import Target
 from contracts.target import text_config
@@ -93,16 +95,13 @@ def create_target(session: Session, user: Principal, body) -> Target:
     return t
 
 
+def list_targets(session: Session, page: Page):
+    return paginate(session, select(Target), Target.id, page)
+
+
 def get_target(session: Session, target_id: str) -> Target:
     t = session.get(Target, target_id)
     if t is None:
         raise NotFound(f"target {target_id} not found", param="id")
     return t
 
-
-def target_read(t: Target) -> dict:
-    return {"id": t.id, "name": t.name, "owner": t.owner_id, "path": t.path,
-            "tokenizer_path": t.tokenizer_path, "chat_template": t.chat_template,
-            "chat_template_kwargs": t.chat_template_kwargs, "architecture": t.architecture,
-            "hidden_size": t.hidden_size, "num_layers": t.num_layers, "vocab_size": t.vocab_size,
-            "has_chat_template": t.has_chat_template, "created_at": t.created_at}

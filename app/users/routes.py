@@ -4,11 +4,9 @@ from enum import StrEnum
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
 
 from app.core.deps import AdminUser, CurrentUser, PageDep, SessionDep
-from app.core.pagination import list_body, paginate
-from app.models import User
+from app.core.pagination import list_body
 from app.users import service
 
 router = APIRouter(prefix="/v1", tags=["users"])
@@ -38,7 +36,7 @@ def list_users(page: PageDep, user: CurrentUser,
                session: SessionDep):
     """The team's directory (id, name, role), readable by every member: jobs, runs and
     datasets name their owner by id, and clients show names (the queue already does)."""
-    rows, more, nxt = paginate(session, select(User), User.id, page)
+    rows, more, nxt = service.list_users(session, page)
     return list_body([{"id": u.id, "name": u.name, "role": u.role, "created_at": u.created_at}
                       for u in rows], more, nxt)
 
