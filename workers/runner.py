@@ -205,7 +205,7 @@ def run_job(job_id: str, node: str) -> str:
         # until the reaper would take the job anyway (then finish records nothing).
         done = att
         retrying(lambda: finish(done, outcome), f"job {job_id}: finish", fence_s())
-    except Exception as e:  # noqa: BLE001  infrastructure failure: record it, never hang
+    except Exception as e:  # infrastructure failure: record it, never hang
         if sup is not None:
             sup.kill()  # nothing of this attempt may outlive its supervisor
         log.exception("job %s failed in the worker", job_id)

@@ -122,7 +122,7 @@ def _inflating_reader(path: Path) -> Any:
     if magic[:4] == b"\x28\xb5\x2f\xfd":
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"),  # noqa: SIM115
+        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"),
                                                           read_across_frames=True, closefd=True)
     if magic[:3] == b"BZh":
         return bz2.open(path, "rb")
@@ -144,7 +144,7 @@ def inflated_size(path: Path, cap: int) -> int:
                 total += len(chunk)
         except (OSError, EOFError, ValueError, lzma.LZMAError):
             pass
-        except Exception as e:  # noqa: BLE001  zstandard.ZstdError: a corrupt stream too
+        except Exception as e:  # zstandard.ZstdError: a corrupt stream too
             if type(e).__module__.split(".")[0] != "zstandard":
                 raise
     return total
