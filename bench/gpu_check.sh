@@ -116,6 +116,8 @@ if [ -z "${VLLM_BIN:-}" ]; then
     fi
 fi
 [ -x "$VLLM_BIN" ] || fail "VLLM_BIN=$VLLM_BIN is not executable"
+# Which vLLM the stages run is the server's setting (a job cannot name one, issue 26).
+export DRAFTYARD_VLLM_COMMAND="$VLLM_BIN serve"
 VLLM_PY="$(dirname "$VLLM_BIN")/python"
 VLLM_VERSION=$("$VLLM_PY" -c 'import vllm; print(vllm.__version__)' 2>/dev/null || echo unknown)
 echo "vllm: $VLLM_BIN ($VLLM_VERSION)"
@@ -172,10 +174,10 @@ spec = {"inputs": {"dataset": {"path": str(run / "input"), "meta": {}},
                               "chat_template_kwargs": {}, "config": cfg}},
         "params": {"backend": "vllm", "max_tokens": 48, "temperature": 0.0,
                    "chat_template_kwargs": {"enable_thinking": False}, "turns": "all",
-                   "vllm": {"executable": [vllm_bin, "serve"], "tensor_parallel_size": 1,
+                   "vllm": {"tensor_parallel_size": 1,
                             "data_parallel_size": 1, "gpu_memory_utilization": 0.3,
                             "max_model_len": 2048, "port": port, "concurrency": 16,
-                            "startup_timeout_s": 900, "extra_args": ["--enforce-eager"]}},
+                            "startup_timeout_s": 900, "enforce_eager": True}},
         "out_dir": str(run / "out"), "work_dir": str(run / "work"),
         "events_path": str(run / "events.jsonl")}
 (run / "spec.json").write_text(json.dumps(spec, indent=1))

@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -83,6 +84,33 @@ class Bench:
                 "rss_mb": self.rss.peak.get("plan" if stage == "plan" else stage, 0) / 1e6,
                 "bytes": nbytes, "rows": {k: after[k] - before[k] for k in after}, **extra}
 
+    def eta_at_10(self, job: dict) -> dict:
+        """The ETA the job showed at the first progress event past 10% of its (last phase's)
+        total, against the time that actually remained until it finished."""
+        try:
+            return self._eta_at_10(job)
+        except Exception as e:  # noqa: BLE001  a measure must not lose the run's other numbers
+            return {"error": repr(e)}
+
+    def _eta_at_10(self, job: dict) -> dict:
+        evs, after = [], 0
+        while True:
+            page = self.c.events(job["id"], after_seq=after, limit=1000)
+            if not page:
+                break
+            evs += [e for e in page if e["kind"] == "progress"]
+            after = page[-1]["seq"]
+        phase = evs[-1]["data"].get("stage") if evs else None
+        for e in evs:
+            d = e["data"]
+            if d.get("stage") == phase and d.get("total") and d["done"] >= 0.1 * d["total"] \
+                    and d.get("eta_s") is not None:
+                left = _ts(job["finished_at"]) - _ts(e["at"])
+                return {"eta_s": round(d["eta_s"], 1), "remained_s": round(left, 1),
+                        "eta_error": round(abs(d["eta_s"] - left) / left, 3) if left else None,
+                        "phase": phase, "progress_events": len(evs)}
+        return {"progress_events": len(evs)}
+
     def art_bytes(self, ids: list[str]) -> int:
         return sum(self.c.get_artifact(a)["bytes"] or 0 for a in ids if a)
 
@@ -114,8 +142,9 @@ class Bench:
             if d["status"] != "ready":
                 raise RuntimeError(f"mix failed: {d['error']}")
             out.update(d)
-            return (_job_wall(self.c.get_job(d["job_id"])), d["num_records"],
-                    self.art_bytes([d["artifact_id"]]), {})
+            j = self.c.get_job(d["job_id"])
+            return (_job_wall(j), d["num_records"], self.art_bytes([d["artifact_id"]]),
+                    {"eta": self.eta_at_10(j)})
         return self.measure("mix", n, go), out
 
     def run_body(self, target_id: str, dataset_id: str) -> dict:
@@ -149,7 +178,7 @@ class Bench:
             art = self.c.get_artifact(j["outputs"][0])
             got.update({"job": j, "meta": art["meta"]})
             return _job_wall(j), ds["num_records"], art["bytes"] or 0, {
-                "tokens": art["meta"].get("num_tokens")}
+                "tokens": art["meta"].get("num_tokens"), "eta": self.eta_at_10(j)}
         return self.measure("prepare", n, go), got
 
 
@@ -240,6 +269,8 @@ def main() -> None:
     from tests.service.stack import Stack
     from workers.stages.tinymodel import build_tiny_target, qwen3_tokenizer_dir
 
+    # SIGTERM (a killed bench) still stops the stack and drops its database
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="bench_scale_", dir=a.keep))
     data_root, model_root = tmp / "data", tmp / "models"
     model_root.mkdir(parents=True)
@@ -291,6 +322,7 @@ def main() -> None:
                   f"{ds['num_records']:,} records, {mixed.get('duplicates_dropped', '?')} "
                   f"deduplicated; plan ok={plan.get('ok')}", flush=True)
             extra.setdefault("plans", {})[n] = plan.get("time_estimates")
+            print("# rows " + json.dumps(rows[-4:], default=str), flush=True)
             shutil.rmtree(folder, ignore_errors=True)
     finally:
         if rss is not None:
@@ -347,6 +379,25 @@ def report(rows: list[dict], extra: dict, sizes: list[int]) -> None:
     for n, (floor_tps, used) in sorted(extra["floor"].items()):
         print(f"prepare N={fmt_n(n)}: {extra['prepare_tps'][n] / 1e6:.3f} M tok/s vs floor "
               f"{floor_tps / 1e6:.3f} M tok/s on {used} records")
+    for r in rows:
+        if r.get("eta", {}).get("eta_error") is not None:
+            e = r["eta"]
+            print(f"ETA {r['stage']} N={fmt_n(r['n'])} ({e['phase']} phase) at 10%: "
+                  f"{e['eta_s']:.0f} s shown, {e['remained_s']:.0f} s remained: error "
+                  f"{e['eta_error']:.0%} ({e['progress_events']} progress events)")
+    etas = [r for r in rows if r["n"] == max(sizes) and r.get("eta", {}).get("eta_error")
+            is not None]
+    for r in etas:
+        err = r["eta"]["eta_error"]
+        out.append({"bench": "scale", "metric": f"{r['stage']}_eta_error_at_10pct_{fmt_n(r['n'])}",
+                    "value": err, "baseline": r["eta"]["remained_s"], "ratio": err,
+                    "target": 0.25, "pass": err <= 0.25})
+    for n, t in sorted(extra.get("plans", {}).items()):
+        prep = next((s for s in (t or {}).get("stages", []) if s["stage"] == "prepare"), None)
+        meas = next(r for r in rows if r["stage"] == "prepare" and r["n"] == n)
+        if prep:
+            print(f"plan N={fmt_n(n)}: prepare estimated {prep['wall_hours'] * 3600:.0f} s "
+                  f"({prep['basis']}), measured {meas['wall_s']:.0f} s")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(json.dumps(out))
 

@@ -6,6 +6,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.vllm import VllmServeOptions
+
+
+class EvalVllmOptions(VllmServeOptions):
+    """The server of the "vllm" measure: engine options, context and memory share."""
+
+    max_model_len: int | None = Field(None, ge=16)  # None: the model's context length
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)  # None: vLLM's
+
 
 Measure = Literal["tau_sim", "specdec", "vllm"]
 DEFAULT_MEASURES: tuple[Measure, ...] = ("tau_sim", "specdec")
@@ -45,6 +54,6 @@ class EvalParams(BaseModel):
     allow_template_mismatch: bool = False
     # Teacher-forced rows for tau_sim (cheap: one target forward and a few drafter forwards).
     tau_sim_rows: int = Field(256, ge=1, le=100_000)
-    # GPU boxes: extra `vllm serve` arguments and port for the "vllm" measure.
-    vllm_args: list[str] = Field(default_factory=list)
+    # GPU boxes: the engine options and port of the server of the "vllm" measure.
+    vllm: EvalVllmOptions = Field(default_factory=EvalVllmOptions)
     vllm_port: int = Field(8765, ge=1024, le=65535)

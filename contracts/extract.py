@@ -8,20 +8,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contracts.target import layer_ids_problem
+from contracts.vllm import VllmOptions
 
 # the free-disk margin the extract planner keeps (1 GiB)
 DEFAULT_MARGIN_BYTES = 1 << 30
 
 
-class VllmParams(BaseModel):
-    """How the stage runs its own vLLM server on the leased GPUs (backend vllm)."""
+class VllmParams(VllmOptions):
+    """How the stage runs its own vLLM server on the leased GPUs (backend vllm), private to
+    the stage (127.0.0.1); which vLLM runs is the server's setting. It serves in `dtype`."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    # The interpreter that runs `vllm serve` (None: this one). vLLM pins its own torch, so a
-    # box may keep it in a separate venv.
-    python: str | None = None
-    host: str = "127.0.0.1"          # the server is private to the stage
     port: int | None = None          # None: a free port
     tensor_parallel_size: int = Field(1, ge=1)
     # None: every visible GPU not used by tensor parallelism serves a replica, which is how
@@ -34,7 +30,6 @@ class VllmParams(BaseModel):
     request_timeout_s: float = Field(600.0, gt=0)
     max_retries: int = Field(3, ge=0)
     startup_timeout_s: float = Field(1800.0, gt=0)   # loading a 27B target takes minutes
-    extra_args: list[str] = Field(default_factory=list)  # appended to `vllm serve`
 
 
 class ExtractParams(BaseModel):
@@ -51,7 +46,10 @@ class ExtractParams(BaseModel):
     # row with restarting position ids (attention-only targets); auto: packed where the
     # attention kernel takes varlen rows (flash-attention on GPU), else padded.
     batch_mode: Literal["auto", "padded", "packed"] = "auto"
-    attn_implementation: str | None = None  # None: transformers' default (sdpa)
+    # transformers' attention kernels (None: its default, sdpa). A closed list: transformers
+    # also takes a hub repo here, whose kernel code it downloads and imports.
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3",
+                                 "flex_attention"] | None = None
     max_samples: int | None = Field(None, ge=1)     # the first max_samples rows
     disk_margin_bytes: int = Field(DEFAULT_MARGIN_BYTES, ge=0)
     free_bytes_override: int | None = Field(None, ge=0)  # tests/ops: pretend free disk

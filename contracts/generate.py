@@ -6,9 +6,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contracts.vllm import VllmServeOptions
 
-class VllmParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+
+class VllmParams(VllmServeOptions):
+    """How the stage serves the target; which vLLM runs is the server's setting."""
 
     tensor_parallel_size: int = Field(1, ge=1)
     data_parallel_size: int = Field(1, ge=1)
@@ -21,11 +23,6 @@ class VllmParams(BaseModel):
     concurrency: int = Field(64, ge=1, le=4096)
     # None: a free port picked at start.
     port: int | None = Field(None, ge=1024, le=65535)
-    extra_args: list[str] = Field(default_factory=list)
-    # The launcher that `<model> --port ... --tensor-parallel-size ...` is appended to.
-    # None: `vllm serve` from this interpreter's environment. Set it to use a vLLM that lives
-    # in another venv or container (e.g. ["/opt/vllm/bin/vllm", "serve"]).
-    executable: list[str] | None = None
     # Loading and compiling a large model can take many minutes on a cold cache.
     startup_timeout_s: float = Field(1800.0, gt=0)
     request_timeout_s: float = Field(1800.0, gt=0)

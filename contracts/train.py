@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.target import layer_ids_problem
+from contracts.vllm import VllmOptions
 
 
 # Fields a resumed run may change without invalidating its checkpoint: they steer how long
@@ -72,7 +73,7 @@ class DrafterParams(_Strict):
         return self.ttt_steps
 
 
-class OnlineParams(_Strict):
+class OnlineParams(VllmOptions):
     # auto: vLLM when GPUs and vllm are present, else the in-process HF target.
     backend: Literal["auto", "vllm", "hf"] = "auto"
     vllm_gpus: int = Field(1, ge=1)              # leased GPUs given to the vLLM server
@@ -80,7 +81,6 @@ class OnlineParams(_Strict):
     port: int | None = Field(None, ge=1024, le=65535)
     startup_timeout_s: float = Field(1200.0, gt=0)
     request_timeout_s: float = Field(120.0, gt=0)
-    extra_args: list[str] = Field(default_factory=list)
 
 
 class TrainParams(_Strict):

@@ -16,20 +16,18 @@ from contracts.roots import within_roots
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 
 
-
-
 @router.get("", response_model=ArtifactList)
 def list_artifacts(*, kind: str | None = None, job_id: str | None = None,
                    page: PageDep, user: CurrentUser,
                    session: SessionDep):
     rows, more, nxt = service.list_artifacts(session, page, kind=kind, job_id=job_id)
     return typed(ArtifactList(data=[ArtifactRead.of(a) for a in rows], has_more=more,
-                              next_after=nxt))
+                              next_after=nxt), user=user)
 
 
 @router.get("/{art_id}", response_model=ArtifactRead)
 def get_artifact(art_id: str, user: CurrentUser, session: SessionDep):
-    return typed(ArtifactRead.of(service.get_artifact(session, art_id)))
+    return typed(ArtifactRead.of(service.get_artifact(session, art_id)), user=user)
 
 
 @router.delete("/{art_id}", response_model=ArtifactRead)
@@ -37,7 +35,7 @@ def delete_artifact(art_id: str, user: CurrentUser,
                     session: SessionDep):
     """Files removed, the row kept as a tombstone (app/storage/delete.py); 409 while in use."""
     art = service.get_artifact(session, art_id)
-    return typed(ArtifactRead.of(delete.delete_artifact(session, user, art)))
+    return typed(ArtifactRead.of(delete.delete_artifact(session, user, art)), user=user)
 
 
 @router.get("/{art_id}/files/{path:path}")

@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     # A big job may be passed by smaller ones only for this long (aging bound).
     backfill_bound_s: float = 300.0
     cpu_slots: int = 2  # concurrent CPU (gpus=0) jobs per node
+    # Priority bands (issue 26 item 6): the highest priority a member's job may have unless an
+    # admin granted the user more (users.max_priority). The default priority itself: a
+    # member orders their own jobs below it but cannot preempt anyone's default-priority work.
+    member_max_priority: int = 50
     # Node-local scratch (issue 25): one folder per attempt with the stage's spec, events file
     # and TMPDIR; nothing a retry on another node needs (that stays under home, the shared
     # folder: app/cluster/shared.py). Empty: under the job's folder in home.

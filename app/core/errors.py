@@ -102,7 +102,10 @@ def error_body(code: str, message: str, param: str | None = None, details: Any =
 
 
 def _loc_to_param(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    # Only the first part names where the value was (a field may be called `path`).
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
     return ".".join(parts) or None
 
 

@@ -8,6 +8,7 @@ import uuid
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.core.auth import bearer_principal
 from app.core.config import get_settings
 from app.core.errors import ApiError, error_body
 from app.core.jsonresp import SafeJSONResponse
@@ -76,8 +77,6 @@ async def _who(headers: dict[bytes, bytes]) -> tuple[bool, str, str]:
     """(authenticated, error code, message) from the Authorization header, as current_user
     would decide; a database that cannot be asked counts as not authenticated (the route then
     answers its 503)."""
-    from app.core.auth import bearer_principal
-
     try:
         p = await bearer_principal(headers.get(b"authorization", b"").decode("latin-1"))
     except ApiError as e:

@@ -6,10 +6,16 @@ the server's layout); a path inside the roots may be reported missing, since it 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from app.core.config import get_settings
 from app.core.errors import Forbidden, Invalid
 from contracts.roots import within_roots
+
+if TYPE_CHECKING:
+    from app.core.auth import Principal
 
 
 def resolve_inside(raw: str, roots: list[Path], *, what: str, param: str, env: str,
@@ -26,3 +32,44 @@ def resolve_inside(raw: str, roots: list[Path], *, what: str, param: str, env: s
     if must_exist and not real.exists():
         raise Invalid(f"{param}: {raw} does not exist", param=param, code="path_not_found")
     return real
+
+
+def _labels() -> list[tuple[str, str]]:
+    """(absolute folder, label) for every server folder a read might contain, longest first:
+    the artifact store, uploads, job folders, the data and model roots, the home."""
+    s = get_settings()
+    named = [(s.artifacts_dir, "artifacts"), (s.uploads_dir, "uploads"), (s.jobs_dir, "jobs"),
+             *((r, "data") for r in s.roots("data")), *((r, "models") for r in s.roots("model")),
+             (s.home, "home")]
+    out: dict[str, str] = {}
+    for p, label in named:
+        for form in {str(p), str(Path(p).resolve())}:
+            out.setdefault(form.rstrip("/"), label)
+    return sorted(out.items(), key=lambda x: -len(x[0]))
+
+
+def _hide(text: str, labels: list[tuple[str, str]]) -> str:
+    for folder, label in labels:
+        if folder and folder in text:
+            text = re.sub(re.escape(folder) + r"(/|(?![\w.-]))", f"{label}:", text)
+    return text
+
+
+def shown(body: Any, user: "Principal") -> Any:
+    """`body` as `user` may see it: to members, every absolute server folder in its strings
+    (the artifact store, uploads, the data and model roots, the home) becomes `<label>:` and
+    the rest of the path stays (`artifacts:dataset/art_x`, `models:qwen3-8b`): API.md, the
+    roots are never shown (issue 26 item 7). Admins see the paths as they are."""
+    if user.is_admin:
+        return body
+    labels = _labels()
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            return _hide(v, labels) if "/" in v else v
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [walk(x) for x in v]
+        return v
+    return walk(body)

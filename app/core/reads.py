@@ -14,7 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from app.core.auth import Principal
 from app.core.jsonresp import SafeJSONResponse
+from app.core.paths import shown
 
 
 class ReadModel(BaseModel):
@@ -37,6 +39,13 @@ def plain(v: Any) -> Any:
     return v
 
 
-def typed(model: BaseModel, status_code: int = 200,
-          headers: dict[str, str] | None = None) -> SafeJSONResponse:
-    return SafeJSONResponse(plain(model), status_code=status_code, headers=headers)
+def body_of(model: BaseModel, user: Principal | None = None) -> Any:
+    """The body of `model` as `user` may see it (a member: server folders as labels,
+    app/core/paths.shown); None: as it is."""
+    body = plain(model)
+    return shown(body, user) if user is not None else body
+
+
+def typed(model: BaseModel, status_code: int = 200, headers: dict[str, str] | None = None,
+          user: Principal | None = None) -> SafeJSONResponse:
+    return SafeJSONResponse(body_of(model, user), status_code=status_code, headers=headers)

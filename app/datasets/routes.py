@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import orjson
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.core.auth import current_user
@@ -11,6 +11,7 @@ from app.core.errors import BadRequest, Invalid
 from app.core.idempotency import idempotent
 from app.core.reads import typed
 from app.datasets import service
+from app.datasets.rejects import rejects_page
 from app.datasets.schemas import DatasetList, DatasetRead
 from contracts.inputs import MixSource
 
@@ -99,6 +100,14 @@ def list_datasets(*, status: str | None = None, page: PageDep,
 @router.get("/{ds_id}", response_model=DatasetRead)
 def get_dataset(ds_id: str, user: CurrentUser, session: SessionDep):
     return typed(DatasetRead.of(service.get_dataset(session, ds_id)))
+
+
+@router.get("/{ds_id}/rejects")
+def get_rejects(*, ds_id: str, limit: int = Query(100, ge=1, le=1000), after: str | None = None,
+                user: CurrentUser, session: SessionDep):
+    """The dataset's rejected input records, `{"line", "reason"}` in input order, a page at
+    a time (docs/API-additions.md, issue 22)."""
+    return rejects_page(session, service.get_dataset(session, ds_id), limit, after)
 
 
 @router.delete("/{ds_id}", status_code=204)

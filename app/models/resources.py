@@ -16,6 +16,9 @@ class Target(Base):
     path: Mapped[str] = mapped_column(Text)
     tokenizer_path: Mapped[str] = mapped_column(Text)
     chat_template: Mapped[str | None] = mapped_column(Text, default=None)
+    # Listings show the template by these, not whole (issue 26 item 5).
+    chat_template_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+    chat_template_chars: Mapped[int | None] = mapped_column(default=None)
     chat_template_kwargs: Mapped[dict] = mapped_column(default=dict)
     architecture: Mapped[str | None] = mapped_column(String(200), default=None)
     hidden_size: Mapped[int | None] = mapped_column(default=None)

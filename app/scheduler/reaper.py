@@ -24,11 +24,13 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import db_now
+from app.cluster.service import first_live_node
+from app.core.db import db_now, unit_of_work
 from app.jobs.service import transition
 from app.jobs.states import ACTIVE
 from app.jobs.states import JobStatus as S
 from app.models import Job, Node
+from app.scheduler.service import try_lock
 
 log = logging.getLogger("draftyard.reaper")
 
@@ -106,9 +108,6 @@ def reap_unattended(session: Session) -> list[str] | None:
     """Reap when no worker node is alive to do it (a worker's housekeeping reaps while one
     is: workers/node.py). Under the scheduler's advisory lock, only tried: while a pass or
     another API replica holds it, this one skips its turn (None)."""
-    from app.cluster.service import first_live_node
-    from app.scheduler.service import try_lock
-
     if first_live_node(session) is not None or not try_lock(session):
         return None
     return reap(session)
@@ -137,8 +136,6 @@ class ApiReaper:
         self._thread.join(timeout=15)
 
     def _loop(self) -> None:
-        from app.core.db import unit_of_work
-
         while not self._stop.wait(get_settings().heartbeat_s):
             try:
                 with unit_of_work() as s:

@@ -5,10 +5,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.idempotency import idempotent
-from app.core.reads import typed
+from app.core.reads import body_of, typed
 from app.targets import service
-from app.targets.schemas import TargetList, TargetRead
+from app.targets.schemas import TargetList, TargetRead, TargetSummary
 from contracts.bounds import JsonObject
+
+# A real chat template is under 64 KB (the longest in /work/shared/fixtures and on the Hub's
+# large models are ~10-20 KB); four times that bounds what one member stores for everyone
+# (issue 26 item 5). Paths: PATH_MAX.
+MAX_CHAT_TEMPLATE_CHARS = 262_144
+MAX_PATH_CHARS = 4096
 
 router = APIRouter(prefix="/v1/targets", tags=["targets"])
 
@@ -16,9 +22,10 @@ router = APIRouter(prefix="/v1/targets", tags=["targets"])
 class TargetCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=200)
-    path: str
-    tokenizer_path: str | None = None
-    chat_template: str | None = None
+    path: str = Field(max_length=MAX_PATH_CHARS)
+    tokenizer_path: str | None = Field(None, max_length=MAX_PATH_CHARS)
+    chat_template: str | None = Field(None, max_length=MAX_CHAT_TEMPLATE_CHARS, description=(
+        f"Jinja chat template, at most {MAX_CHAT_TEMPLATE_CHARS:,} characters"))
     chat_template_kwargs: JsonObject | None = None
 
 
@@ -26,17 +33,18 @@ class TargetCreate(BaseModel):
 def create_target(body: TargetCreate, user: CurrentUser,
                   session: SessionDep, idempotency_key: str | None = Header(None)):
     return idempotent(session, user, idempotency_key, body.model_dump(),
-                      lambda: TargetRead.of(service.create_target(session, user, body)))
+                      lambda: body_of(TargetRead.of(service.create_target(session, user, body)),
+                                      user))
 
 
 @router.get("", response_model=TargetList)
 def list_targets(page: PageDep, user: CurrentUser,
                  session: SessionDep):
     rows, more, nxt = service.list_targets(session, page)
-    return typed(TargetList(data=[TargetRead.of(t) for t in rows], has_more=more,
-                            next_after=nxt))
+    return typed(TargetList(data=[TargetSummary.of(t) for t in rows], has_more=more,
+                            next_after=nxt), user=user)
 
 
 @router.get("/{target_id}", response_model=TargetRead)
 def get_target(target_id: str, user: CurrentUser, session: SessionDep):
-    return typed(TargetRead.of(service.get_target(session, target_id)))
+    return typed(TargetRead.of(service.get_target(session, target_id)), user=user)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from jinja2 import TemplateSyntaxError, nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from app.core.auth import Principal
 from app.core.config import get_settings
@@ -81,8 +82,11 @@ def create_target(session: Session, user: Principal, body) -> Target:
     text_cfg = text_config(cfg)
     if body.chat_template is not None:
         check_template(body.chat_template)
+    tmpl = body.chat_template
     t = Target(id=new_id("tgt"), name=body.name, owner_id=user.id, path=str(path),
-               tokenizer_path=str(tok), chat_template=body.chat_template,
+               tokenizer_path=str(tok), chat_template=tmpl,
+               chat_template_sha256=hashlib.sha256(tmpl.encode()).hexdigest() if tmpl else None,
+               chat_template_chars=len(tmpl) if tmpl is not None else None,
                chat_template_kwargs=body.chat_template_kwargs or {},
                architecture=(cfg.get("architectures") or [cfg.get("model_type")])[0],
                hidden_size=text_cfg.get("hidden_size"),
@@ -96,7 +100,9 @@ def create_target(session: Session, user: Principal, body) -> Target:
 
 
 def list_targets(session: Session, page: Page):
-    return paginate(session, select(Target), Target.id, page)
+    # The templates stay in the database: a listing shows them by hash and length.
+    return paginate(session, select(Target).options(defer(Target.chat_template)), Target.id,
+                    page)
 
 
 def get_target(session: Session, target_id: str) -> Target:
@@ -104,4 +110,3 @@ def get_target(session: Session, target_id: str) -> Target:
     if t is None:
         raise NotFound(f"target {target_id} not found", param="id")
     return t
-

@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.deps import AdminUser, CurrentUser, PageDep, SessionDep
 from app.core.pagination import list_body
+from app.models import User
 from app.users import service
 
 router = APIRouter(prefix="/v1", tags=["users"])
@@ -17,18 +18,36 @@ class Role(StrEnum):
     member = "member"
 
 
+MAX_PRIORITY = Field(None, ge=0, le=100, description=(
+    "the highest job priority the user may set; null: the role's default (members "
+    "DRAFTYARD_MEMBER_MAX_PRIORITY, 50; admins 100)"))
+
+
 class UserCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.@-]+$")
     role: Role = Role.member
+    max_priority: int | None = MAX_PRIORITY
+
+
+class UserUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_priority: int | None = MAX_PRIORITY
 
 
 @router.post("/users", status_code=201)
 def create_user(body: UserCreate, admin: AdminUser, session: SessionDep):
-    user, tok, secret = service.create_user(session, body.name, body.role.value)
+    user, tok, secret = service.create_user(session, body.name, body.role.value,
+                                            body.max_priority)
     # token_id: the handle to revoke it with (DELETE /v1/tokens/{id}) without a second call.
-    return {"id": user.id, "name": user.name, "role": user.role, "created_at": user.created_at,
-            "token": secret, "token_id": tok.id}
+    return {**service.user_read(user), "token": secret, "token_id": tok.id}
+
+
+@router.patch("/users/{user_id}")
+def update_user(user_id: str, body: UserUpdate, admin: AdminUser,
+                session: SessionDep):
+    """An admin grants (or withdraws, with null) a user's priority band (issue 26 item 6)."""
+    return service.user_read(service.set_max_priority(session, user_id, body.max_priority))
 
 
 @router.get("/users")
@@ -37,13 +56,14 @@ def list_users(page: PageDep, user: CurrentUser,
     """The team's directory (id, name, role), readable by every member: jobs, runs and
     datasets name their owner by id, and clients show names (the queue already does)."""
     rows, more, nxt = service.list_users(session, page)
-    return list_body([{"id": u.id, "name": u.name, "role": u.role, "created_at": u.created_at}
-                      for u in rows], more, nxt)
+    return list_body([service.user_read(u) for u in rows], more, nxt)
 
 
 @router.get("/users/me")
-def me(user: CurrentUser):
-    return {"id": user.id, "name": user.name, "role": user.role}
+def me(user: CurrentUser, session: SessionDep):
+    row = session.get(User, user.id)
+    return {"id": user.id, "name": user.name, "role": user.role,
+            "max_priority": service.max_priority(row, user.role)}
 
 
 @router.post("/users/{user_id}/tokens", status_code=201)

@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.core.auth import Principal, issue_token, token_cache
+from app.core.config import get_settings
 from app.core.db import utcnow
 from app.core.errors import Conflict, Forbidden, NotFound
 from app.core.ids import new_id
@@ -21,10 +22,11 @@ def list_users(session: Session, page: Page):
     return paginate(session, select(User), User.id, page)
 
 
-def create_user(session: Session, name: str, role: str) -> tuple[User, Token, str]:
+def create_user(session: Session, name: str, role: str,
+                max_priority: int | None = None) -> tuple[User, Token, str]:
     if session.scalar(select(User.id).where(User.name == name)):
         raise Conflict(f"a user named {name!r} already exists", param="name", code="name_taken")
-    user = User(id=new_id("usr"), name=name, role=role)
+    user = User(id=new_id("usr"), name=name, role=role, max_priority=max_priority)
     session.add(user)
     try:
         session.flush()
@@ -33,6 +35,39 @@ def create_user(session: Session, name: str, role: str) -> tuple[User, Token, st
                        code="name_taken") from e
     tok, secret = issue_token(session, user)
     return user, tok, secret
+
+
+def max_priority(user: User | None, role: str) -> int:
+    """The highest job priority a user may set: granted by an admin (users.max_priority), else
+    100 for admins and DRAFTYARD_MEMBER_MAX_PRIORITY for members."""
+    if user is not None and user.max_priority is not None:
+        return user.max_priority
+    return 100 if role == "admin" else get_settings().member_max_priority
+
+
+def check_priority(session: Session, actor: Principal, priority: int) -> None:
+    """Priority bands (issue 26 item 6): a job above its owner's max is refused, saying why."""
+    top = max_priority(session.get(User, actor.id), actor.role)
+    if priority > top:
+        raise Forbidden(
+            f"priority {priority} is above your band (0-{top}): a job preempts running jobs of "
+            f"lower priority, so priorities above the members' default "
+            f"{get_settings().member_max_priority} are granted per user by an admin "
+            f"(PATCH /v1/users/{{id}} {{\"max_priority\": N}})", param="priority",
+            code="priority_above_band", details={"priority": priority, "max_priority": top})
+
+
+def set_max_priority(session: Session, user_id: str, value: int | None) -> User:
+    user = session.get(User, user_id)
+    if user is None:
+        raise NotFound(f"user {user_id} not found", param="id")
+    user.max_priority = value
+    return user
+
+
+def user_read(u: User) -> dict:
+    return {"id": u.id, "name": u.name, "role": u.role, "created_at": u.created_at,
+            "max_priority": max_priority(u, u.role)}
 
 
 def new_token(session: Session, actor: Principal, user_id: str) -> tuple[Token, str]:

@@ -124,6 +124,10 @@ def test_preemption_end_to_end_short(stack):
 @pytest.mark.slow
 def test_urgent_job_preempts_train_which_resumes_to_the_same_step_count(stack):
     alice, bob = stack.user("alice"), stack.user("bob")
+    with stack.client() as admin:  # priorities above the members' 50 are granted (issue 26)
+        bob_id = next(u["id"] for u in admin.get("/v1/users", params={"limit": 100})
+                      .json()["data"] if u["name"] == "bob")
+        assert admin.patch(f"/v1/users/{bob_id}", json={"max_priority": 70}).status_code == 200
     t_begin = time.time()
     with Receiver() as rx, stack.client(alice) as a, stack.client(bob) as b:
         hook = a.post("/v1/webhooks", json={"url": rx.url, "events": ["job.preempted",

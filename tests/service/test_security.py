@@ -277,3 +277,55 @@ def test_a_mix_seed_beyond_64_bits_is_422(api):
         assert e["param"] == "seed"
     finally:
         api.post(f"/v1/jobs/{up.json()['job_id']}/cancel")
+
+
+# ---- issue 26 finding 1: no code from a request -------------------------------------------
+
+# What a member could once send to run a program on the worker, and each field's name.
+CODE_FIELDS = [
+    ("generate", {"backend": "vllm", "vllm": {"executable": ["/bin/sh", "-c",
+                                                            "id > marker.txt; exit 7"]}},
+     "params.vllm.executable"),
+    ("generate", {"backend": "vllm", "vllm": {"extra_args": ["--chat-template",
+                                                            "/etc/passwd"]}},
+     "params.vllm.extra_args"),
+    ("extract", {"backend": "vllm", "vllm": {"python": "/bin/sh"}}, "params.vllm.python"),
+    ("extract", {"backend": "vllm", "vllm": {"extra_args": ["--worker-cls", "os.system"]}},
+     "params.vllm.extra_args"),
+    ("extract", {"backend": "vllm", "vllm": {"host": "0.0.0.0"}}, "params.vllm.host"),
+    ("extract", {"attn_implementation": "kernels-community/evil"},
+     "params.attn_implementation"),
+    ("evaluate", {"vllm_args": ["--trust-remote-code"]}, "params.vllm_args"),
+]
+
+
+@pytest.mark.parametrize("type_, params, field", CODE_FIELDS, ids=[f[2] for f in CODE_FIELDS])
+def test_a_job_cannot_name_a_program_interpreter_module_or_flag(api, member, home, type_,
+                                                               params, field):
+    """The repro of issue 26 (a member ran `/bin/sh` as the worker's user through
+    params.vllm.executable) and its class: 422 naming the field, before anything is queued;
+    nothing ran (no marker anywhere under the server's home)."""
+    before = api.get("/v1/jobs", params={"limit": 1}).json()["data"]
+    r = member.post("/v1/jobs", {"type": type_, "params": params})
+    e = _err(r, 422)
+    assert e["param"] == field, e
+    assert api.get("/v1/jobs", params={"limit": 1}).json()["data"] == before  # nothing queued
+    assert not list(home.rglob("marker.txt"))
+
+
+def test_a_run_cannot_smuggle_one_through_a_stage(member):
+    e = _err(member.post("/v1/runs", {
+        "name": "x", "target_id": "t", "dataset_id": "d",
+        "drafter": {"type": "dflash"},
+        "stages": {"generate": {"backend": "vllm", "vllm": {"executable": ["/bin/sh"]}}}}), 422)
+    assert "executable" in (e["param"] or "") + e["message"], e
+
+
+def test_typed_vllm_options_are_accepted_and_bounded(member):
+    """What a job may set instead (docs/API-additions.md): typed, bounded engine options."""
+    e = _err(member.post("/v1/jobs", {"type": "generate", "params": {"vllm": {
+        "max_num_seqs": 10**6}}}), 422)
+    assert e["param"] == "params.vllm.max_num_seqs"
+    e = _err(member.post("/v1/jobs", {"type": "generate", "params": {"vllm": {
+        "dtype": "--trust-remote-code"}}}), 422)
+    assert e["param"] == "params.vllm.dtype"

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.conftest import REDIS_DBS, wait_for
+from tests.service.test_api_errors import _err
 from tests.service.stack import Stack
 
 
@@ -68,3 +69,43 @@ def test_the_api_requeues_a_dead_workers_job_and_frees_its_gpus(lone):
             open_leases = db.execute(text("SELECT count(*) FROM gpu_leases WHERE job_id = :j "
                                           "AND end_at IS NULL"), {"j": jid}).scalar()
         assert open_leases == 0
+
+
+# ---- 6: priority bands ---------------------------------------------------------------------
+
+def test_a_member_orders_their_own_jobs_within_their_band(api, member):
+    me = member.get("/v1/users/me").json()
+    assert me["max_priority"] == 50
+    made = []
+    for p in (0, 10, 50):  # their own order, up to the default
+        r = member.post("/v1/jobs", {"type": "probe", "priority": p, "params": {}})
+        assert r.status_code == 201, r.text
+        made.append(r.json()["id"])
+    # above it: a priority that would preempt others' default-priority work
+    for p in (51, 80):
+        e = _err(member.post("/v1/jobs", {"type": "probe", "priority": p}), 403,
+                 "priority_above_band")
+        assert e["param"] == "priority" and "0-50" in e["message"], e
+        assert "granted per user by an admin" in e["message"], e
+        assert e["details"] == {"priority": p, "max_priority": 50}
+    # a member cannot grant themselves more
+    e = _err(member.c.patch(f"/v1/users/{me['id']}", json={"max_priority": 100}), 403)
+    # an admin grants a band, and withdraws it
+    r = api.c.patch(f"/v1/users/{me['id']}", json={"max_priority": 70})
+    assert r.status_code == 200 and r.json()["max_priority"] == 70, r.text
+    r = member.post("/v1/jobs", {"type": "probe", "priority": 70, "params": {}})
+    assert r.status_code == 201, r.text
+    made.append(r.json()["id"])
+    e = _err(member.post("/v1/jobs", {"type": "probe", "priority": 71}), 403,
+             "priority_above_band")
+    assert "0-70" in e["message"], e
+    assert api.c.patch(f"/v1/users/{me['id']}", json={"max_priority": None}).json()[
+        "max_priority"] == 50
+    _err(member.post("/v1/jobs", {"type": "probe", "priority": 70}), 403, "priority_above_band")
+    _err(api.c.patch(f"/v1/users/{me['id']}", json={"max_priority": 101}), 422)
+    _err(api.c.patch("/v1/users/usr_nobody", json={"max_priority": 60}), 404)
+    for jid in made:
+        member.post(f"/v1/jobs/{jid}/cancel")
+    # admins keep the whole range
+    job = api.submit(type="probe", priority=100, params={})
+    api.post(f"/v1/jobs/{job['id']}/cancel")

@@ -46,7 +46,8 @@ def _waiting_prepare(client, target: dict, dataset_ref) -> dict:
 def test_delete_refused_while_needed_then_tombstone_keeps_lineage(api, worker, member, target):
     d = _dataset(member, f"del-{uuid.uuid4().hex[:4]}")
     art_id = d["artifact_id"]
-    art = member.get(f"/v1/artifacts/{art_id}").json()
+    # the folder from an admin's read: members see `artifacts:<rel>` (issue 26 item 7)
+    art = api.get(f"/v1/artifacts/{art_id}").json()
     assert art["bytes"] > 0 and art["deleted_at"] is None and Path(art["uri"]).is_dir()
     # A run's later stage names an earlier one as {"job": ...}: that counts as needing it.
     by_job = _waiting_prepare(member, target, {"job": d["job_id"]})
@@ -89,7 +90,7 @@ def test_delete_refused_while_needed_then_tombstone_keeps_lineage(api, worker, m
 
 def test_dataset_delete_removes_its_files(api, worker, member, home):
     d = _dataset(member, f"dsdel-{uuid.uuid4().hex[:4]}")
-    uri = Path(member.get(f"/v1/artifacts/{d['artifact_id']}").json()["uri"])
+    uri = Path(api.get(f"/v1/artifacts/{d['artifact_id']}").json()["uri"])
     upload = home / "uploads" / d["id"]
     assert uri.is_dir() and upload.is_dir()
     assert member.delete(f"/v1/datasets/{d['id']}").status_code == 204

@@ -32,8 +32,16 @@ HERE = Path(__file__).resolve()
 
 
 def fake_executable() -> list[str]:
-    """params.vllm.executable that launches this fake instead of `vllm serve`."""
+    """The launcher of this fake instead of `vllm serve`."""
     return [sys.executable, str(HERE)]
+
+
+def fake_vllm_setting() -> dict[str, str]:
+    """The server setting (DRAFTYARD_VLLM_COMMAND) that makes the stage run this fake: which
+    vLLM runs is the server's to say, never a job's."""
+    import shlex
+
+    return {"DRAFTYARD_VLLM_COMMAND": shlex.join(fake_executable())}
 
 
 def pid_alive(pid: int) -> bool:

@@ -80,12 +80,16 @@ def test_counters_are_differenced_and_empty_is_none():
 
 
 def test_serve_command_names_drafter_method_and_tokens():
-    cmd = serve_command("/m/target", "/m/drafter", "dflash", 7, 8123, extra_args=["-tp", "2"])
+    from contracts.vllm import VllmServeOptions
+
+    cmd = serve_command("/m/target", "/m/drafter", "dflash", 7, 8123,
+                        options=VllmServeOptions(enforce_eager=True, dtype="bfloat16"))
     # The configured vLLM (a server setting): by default this interpreter's.
     assert cmd[:5] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "/m/target"]
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
     assert spec == {"model": "/m/drafter", "method": "dflash", "num_speculative_tokens": 7}
-    assert cmd[cmd.index("--port") + 1] == "8123" and cmd[-2:] == ["-tp", "2"]
+    assert cmd[cmd.index("--port") + 1] == "8123"
+    assert cmd[-3:] == ["--enforce-eager", "--dtype", "bfloat16"]
     assert json.loads(serve_command("t", "d", "eagle3", 3, 1)[-1])["method"] == "eagle3"
     with pytest.raises(StageError):
         serve_command("t", "d", "medusa", 3, 1)

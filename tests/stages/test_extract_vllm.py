@@ -40,7 +40,7 @@ def test_server_command_is_speculators_extraction_setup(tmp_path, tiny_target, m
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
     assert visible_gpu_count() == 4
     job = _job(tmp_path, tiny_target, tmp_path, dtype="bfloat16", tensor_parallel_size=2,
-               extra_args=["--enforce-eager"])
+               enforce_eager=True)
     cmd = server_command(job, 8123, tmp_path / "staging", 513, visible_gpu_count())
     assert cmd[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", str(tiny_target)]
     opt = {cmd[i]: cmd[i + 1] for i in range(5, len(cmd) - 1) if cmd[i].startswith("--")

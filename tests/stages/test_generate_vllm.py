@@ -17,6 +17,7 @@ import pytest
 from tests.stages.conftest import REPO, target_input
 from tests.stages.generate_support import (
     fake_executable,
+    fake_vllm_setting,
     make_spec,
     pid_alive,
     read_output,
@@ -26,6 +27,7 @@ from tests.stages.generate_support import (
 from workers.stages.common import StageError
 from workers.stages.generate.backends.base import GenRequest, SamplingConfig
 from procgroup import free_port
+from workers.stages.generate.params import VllmParams
 from workers.stages.generate.backends.vllm import (
     ResponseError,
     build_completion_payload,
@@ -54,11 +56,12 @@ def test_completion_payload():
 
 
 def test_serve_command_line():
-    cmd = build_serve_command(["vllm", "serve"], "/models/t", port=8123, served_name="x",
-                              tokenizer_path="/tok", tensor_parallel_size=2,
-                              data_parallel_size=4, gpu_memory_utilization=0.85,
-                              max_model_len=4096, seed=9, extra_args=["--enforce-eager"])
-    assert cmd[:3] == ["vllm", "serve", "/models/t"]
+    params = VllmParams(tensor_parallel_size=2, data_parallel_size=4,
+                        gpu_memory_utilization=0.85, max_model_len=4096, enforce_eager=True,
+                        max_num_seqs=32, dtype="float16")
+    cmd = build_serve_command(params, "/models/t", port=8123, served_name="x",
+                              tokenizer_path="/tok", seed=9)
+    assert cmd[:5] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "/models/t"]
 
     def arg(name):
         return cmd[cmd.index(name) + 1]
@@ -68,10 +71,13 @@ def test_serve_command_line():
     assert (arg("--gpu-memory-utilization"), arg("--max-model-len"), arg("--seed")) == \
         ("0.85", "4096", "9")
     assert arg("--tokenizer") == "/tok" and arg("--generation-config") == "vllm"
-    assert cmd[-1] == "--enforce-eager"
+    # The job's typed options, as flags (never a flag of the job's own).
+    assert cmd[-5:] == ["--enforce-eager", "--max-num-seqs", "32", "--dtype", "float16"]
     # Same tokenizer dir as the model, no max_model_len: those flags are left out.
-    cmd = build_serve_command(None, "/models/t", port=1, served_name="x", tokenizer_path="/models/t")
+    cmd = build_serve_command(VllmParams(), "/models/t", port=1, served_name="x",
+                              tokenizer_path="/models/t")
     assert "--tokenizer" not in cmd and "--max-model-len" not in cmd
+    assert "--enforce-eager" not in cmd and "--dtype" not in cmd
     # The configured vLLM (a server setting): by default this interpreter's.
     assert cmd[:4] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
 
@@ -104,7 +110,9 @@ def test_classify_client_error():
 
 def _server(tmp_path, env_extra=None, grace=30.0):
     port = free_port()
-    cmd = build_serve_command(fake_executable(), "/models/fake", port=port, served_name="m")
+    # The fake in place of the default launcher (`python -m vllm.entrypoints.cli.main serve`).
+    cmd = [*fake_executable(),
+           *build_serve_command(VllmParams(), "/models/fake", port=port, served_name="m")[4:]]
     env = {**os.environ, "FAKE_VLLM_RECORD": str(tmp_path / "rec.json"), **(env_extra or {})}
     return VllmServer(cmd, port, tmp_path / "server.log", pid_path=tmp_path / "server.pid",
                       env=env, stop_grace_s=grace)
@@ -212,13 +220,12 @@ def _fake_env(monkeypatch, tmp_path, answer_ids, **extra):
     monkeypatch.setenv("FAKE_VLLM_RECORD", str(tmp_path / "rec.json"))
     monkeypatch.setenv("FAKE_VLLM_REQUESTS", str(tmp_path / "requests.jsonl"))
     monkeypatch.setenv("FAKE_VLLM_ANSWER", json.dumps(answer_ids))
-    for k, v in extra.items():
+    for k, v in {**fake_vllm_setting(), **extra}.items():
         monkeypatch.setenv(k, str(v))
 
 
 def _vllm_params(**kw):
-    return {"executable": fake_executable(), "tensor_parallel_size": 1,
-            "data_parallel_size": 1, "max_attempts": 2, **kw}
+    return {"tensor_parallel_size": 1, "data_parallel_size": 1, "max_attempts": 2, **kw}
 
 
 def test_stage_end_to_end_with_vllm_backend(tiny_target, tokenizer, tmp_path, monkeypatch):
@@ -227,7 +234,7 @@ def test_stage_end_to_end_with_vllm_backend(tiny_target, tokenizer, tmp_path, mo
     _fake_env(monkeypatch, tmp_path, answer, FAKE_VLLM_START_DELAY=0.5)
     spec = make_spec(tmp_path / "run", RECORDS, target_input(tiny_target), backend="vllm",
                      temperature=0.6, seed=11, max_tokens=50,
-                     vllm=_vllm_params(concurrency=3, extra_args=["--enforce-eager"]))
+                     vllm=_vllm_params(concurrency=3, enforce_eager=True))
     result = run_stage(spec)
     rec = json.loads((tmp_path / "rec.json").read_text())
     assert wait_gone(rec["pid"])  # stopped at the end of the stage
@@ -302,7 +309,7 @@ def test_sigkilled_stage_takes_its_server_down(tiny_target, tmp_path):
                      max_tokens=5, vllm=_vllm_params())
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "FAKE_VLLM_RECORD": str(tmp_path / "rec.json"),
+    env = {**os.environ, "FAKE_VLLM_RECORD": str(tmp_path / "rec.json"), **fake_vllm_setting(),
            "FAKE_VLLM_REPLY_DELAY": "60", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "workers.stages", "generate", "--spec",
                              str(spec_path)], cwd=REPO, env=env,

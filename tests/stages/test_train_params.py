@@ -18,6 +18,7 @@ from workers.stages.common import StageError
 from workers.stages.train import build, launch
 from workers.stages.train.job import resolve_job
 from workers.stages.kernel import parse_params as _parse
+from contracts.train import OnlineParams
 from workers.stages.train.params import TrainParams
 
 parse_params = partial(_parse, TrainParams)
@@ -210,7 +211,7 @@ def test_torchrun_command_line():
 def test_vllm_command_lines(tmp_path):
     cmd = launch.vllm_server_command("/m/target", [1, 4, 7], 8, tmp_path / "hs", 8123, tp=2,
                                      max_model_len=2048, gpu_memory_utilization=0.8,
-                                     extra=["--enforce-eager"])
+                                     options=OnlineParams(enforce_eager=True))
     assert cmd[:5] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "/m/target"]
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])

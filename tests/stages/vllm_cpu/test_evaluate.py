@@ -137,7 +137,10 @@ def test_evaluate_stage_vllm_measure(vllm_train_data, tmp_path):
             "params": {"num_prompts": 4, "max_new_tokens": 32,
                        "measures": ["specdec", "vllm"], "baseline": None,
                        "chat_template_kwargs": {"enable_thinking": False},
-                       "vllm_port": free_port(), "vllm_args": CPU_ARGS},
+                       "vllm_port": free_port(),
+                       "vllm": {"dtype": engine_dtype(), "max_model_len": 512,
+                                "enforce_eager": True,
+                                "gpu_memory_utilization": MEMORY_UTILIZATION}},
             "out_dir": str(tmp_path / "out"), "work_dir": str(tmp_path / "work"),
             "events_path": str(tmp_path / "events.jsonl")}
     log = tmp_path / "evaluate.log"

@@ -26,7 +26,6 @@ from tests.stages.vllm_cpu.support import (
     STARTUP_S,
     on_gpu,
     report,
-    vllm_venv,
 )
 from workers.stages.common import StageError
 
@@ -42,10 +41,9 @@ def _spec(vllm_train_data, tmp_path: Path) -> dict:
                        "target": target_input(target)},
             "params": {"backend": "vllm", "dtype": "float32", "layer_ids": LAYER_IDS,
                        "max_samples": N,
-                       "vllm": {"python": str(vllm_venv() / "bin" / "python"),
-                                "concurrency": 2, "startup_timeout_s": STARTUP_S,
+                       "vllm": {"concurrency": 2, "startup_timeout_s": STARTUP_S,
                                 "gpu_memory_utilization": MEMORY_UTILIZATION,
-                                "extra_args": ["--enforce-eager"]}},
+                                "enforce_eager": True}},
             "out_dir": str(tmp_path / "out"), "work_dir": str(tmp_path / "work"),
             "events_path": str(tmp_path / "events.jsonl")}
 

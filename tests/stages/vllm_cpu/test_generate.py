@@ -29,7 +29,6 @@ from tests.stages.vllm_cpu.support import (
     server_group,
     start_stage,
     tail,
-    vllm_executable,
     wait_until,
 )
 from workers.stages.common import StageError
@@ -56,12 +55,12 @@ def _params(**vllm) -> dict:
     return {"max_tokens": MAX_TOKENS, "temperature": 0.0, "turns": "all",
             "chat_template_kwargs": {"enable_thinking": False},
             "batch_size": 4, "shard_records": 2,
-            "vllm": {"executable": vllm_executable(), "concurrency": 2, "max_model_len": 512,
+            "vllm": {"concurrency": 2, "max_model_len": 512,
                      "gpu_memory_utilization": MEMORY_UTILIZATION,
                      "startup_timeout_s": STARTUP_S, "request_timeout_s": 600,
                      # The transformers backend's dtype, so a difference is the engines',
                      # not the precision's. No torch.compile warm-up: minutes on 2 cores.
-                     "extra_args": ["--dtype", engine_dtype(), "--enforce-eager"], **vllm}}
+                     "dtype": engine_dtype(), "enforce_eager": True, **vllm}}
 
 
 def _shards(work: Path) -> list[Path]:

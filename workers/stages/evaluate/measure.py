@@ -157,7 +157,7 @@ class Evaluation:
             report["vllm"] = measure_with_vllm(
                 str(self.target["path"]), str(self.drafter.path), self.drafter.kind,
                 self.proposer.num_spec, prompts, self.p.max_new_tokens, work_dir,
-                port=self.p.vllm_port, extra_args=self.p.vllm_args)
+                port=self.p.vllm_port, options=self.p.vllm)
         report["baseline"] = base
         # The tokens the drafter should have proposed: the target's greedy answers, or the
         # trained (masked) tokens of the held-out rows.

@@ -23,6 +23,7 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from workers.stages.common import StageError
@@ -90,7 +91,7 @@ def acceptance_from_counters(c: SpecCounters) -> dict:
 
 
 def serve_command(target: str, drafter: str, kind: str, num_spec: int, port: int,
-                  served_name: str = "target", extra_args: list[str] | None = None) -> list[str]:
+                  served_name: str = "target", options: Any = None) -> list[str]:
     """`vllm serve` for the target with the drafter as its speculative model."""
     if kind not in METHODS:
         raise StageError("unsupported_drafter", f"no vLLM method for drafter type {kind!r}")
@@ -98,7 +99,17 @@ def serve_command(target: str, drafter: str, kind: str, num_spec: int, port: int
                 "num_speculative_tokens": int(num_spec)}
     return [*vllm_server.serve_command(str(target), port=port, served_name=served_name),
             "--seed", "0",
-            "--speculative-config", json.dumps(spec_cfg), *(extra_args or [])]
+            "--speculative-config", json.dumps(spec_cfg),
+            *(_eval_flags(options) if options is not None else [])]
+
+
+def _eval_flags(options: Any) -> list[str]:
+    flags = vllm_server.option_flags(options)
+    if getattr(options, "max_model_len", None) is not None:
+        flags += ["--max-model-len", str(options.max_model_len)]
+    if getattr(options, "gpu_memory_utilization", None) is not None:
+        flags += ["--gpu-memory-utilization", str(options.gpu_memory_utilization)]
+    return flags
 
 
 def metrics(srv: VllmServer) -> SpecCounters:
@@ -147,13 +158,13 @@ def vllm_available() -> str | None:
 
 def measure_with_vllm(target: str, drafter: str, kind: str, num_spec: int,
                       prompts: list[list[int]], max_new_tokens: int, work_dir: Path,
-                      port: int = 8765, extra_args: list[str] | None = None,
+                      port: int = 8765, options: Any = None,
                       command: list[str] | None = None, startup_timeout_s: float = 900.0) -> dict:
     """Serve, send the prompts, and return vLLM's own acceptance numbers for them.
 
     `command` replaces the `vllm serve` command line (tests use a stand-in server).
     """
-    cmd = command or serve_command(target, drafter, kind, num_spec, port, "target", extra_args)
+    cmd = command or serve_command(target, drafter, kind, num_spec, port, "target", options)
     with VllmServer(cmd, port, Path(work_dir) / "vllm.log",
                     startup_timeout_s=startup_timeout_s) as srv:
         complete(srv, "target", prompts[:1], 4, concurrency=1)  # warm-up, excluded below

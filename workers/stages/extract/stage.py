@@ -8,7 +8,6 @@ are dropped) and the finished folder is published as `out_dir/hidden_states/`.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from pathlib import Path
@@ -55,13 +54,15 @@ def _seq_lens(tokenized_path: str, max_samples: int | None) -> list[int]:
 def _choose_backend(p: ExtractParams) -> str:
     import torch
 
-    vllm_here = p.vllm.python is not None or importlib.util.find_spec("vllm") is not None
+    from workers.stages.vllm_server import vllm_installed
+
+    vllm_here = vllm_installed()
     if p.backend == "auto":
         return "vllm" if torch.cuda.is_available() and vllm_here else "hf"
     if p.backend == "vllm" and not vllm_here:
         raise StageError("backend_unavailable", "backend=vllm but vllm is not installed here "
-                         "(install draftyard[gpu], set params.vllm.python to an interpreter "
-                         "that has it, or use backend=hf)", details={"field": "backend"})
+                         "(install draftyard[gpu], point the server's DRAFTYARD_VLLM_COMMAND "
+                         "at one, or use backend=hf)", details={"field": "backend"})
     if p.backend == "vllm":
         from workers.stages.extract.backends.vllm import refuse_cpu_build
 

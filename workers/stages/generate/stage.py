@@ -14,7 +14,6 @@ Count in = count out + count failed, checked before the artifact is declared.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from pathlib import Path
@@ -44,15 +43,16 @@ TEMPLATE_FILE = "chat_template.jinja"
 OUTPUT_VERSION = 1
 
 
-def resolve_backend(choice: str, vllm_executable: list[str] | None = None) -> str:
-    """auto: vLLM when there is a GPU and a vLLM (importable here, or a configured
-    executable), else transformers."""
+def resolve_backend(choice: str) -> str:
+    """auto: vLLM when there is a GPU and a vLLM (importable here, or configured for the
+    server), else transformers."""
     if choice != "auto":
         return choice
     import torch
 
-    has_vllm = vllm_executable is not None or importlib.util.find_spec("vllm") is not None
-    return "vllm" if torch.cuda.is_available() and has_vllm else "hf"
+    from workers.stages.vllm_server import vllm_installed
+
+    return "vllm" if torch.cuda.is_available() and vllm_installed() else "hf"
 
 
 def _inputs(spec: dict) -> tuple[dict, dict]:
@@ -138,7 +138,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
     p = parse_params(GenerateParams, spec.get("params"))
     ds, target = _inputs(spec)
     renderer = _load_renderer(target, p)
-    backend_name = resolve_backend(p.backend, p.vllm.executable)
+    backend_name = resolve_backend(p.backend)
     sampling = SamplingConfig(temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens,
                               seed=p.seed, stop=tuple(p.stop),
                               eos_token_ids=eos_token_ids(target, renderer.tokenizer))

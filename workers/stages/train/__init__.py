@@ -78,7 +78,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
             # vLLM sees whole rows (the trainer truncates them when packing).
             port, tp=len(plan.vllm_gpus), max_model_len=job.extra["longest_row"] + 1,
             gpu_memory_utilization=p.online.gpu_memory_utilization,
-            extra=p.online.extra_args)
+            options=p.online)
         server = VllmServer(cmd, port, work_dir / "vllm.log", gpus=plan.vllm_gpus,
                             pid_path=work_dir / "vllm.pid",
                             startup_timeout_s=p.online.startup_timeout_s, stop_grace_s=60.0)

@@ -15,11 +15,12 @@ import os
 import signal
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from procgroup import bind_to_parent, spawn, stop_group
 from workers.stages.common import StageContext, StageError, write_json_atomic
-from workers.stages.vllm_server import serve_command
+from workers.stages.vllm_server import option_flags, serve_command
 
 LAUNCH_DIR = "launch"
 STOP_GRACE_S = 120.0   # a rank finishes its step and writes a checkpoint within this
@@ -115,7 +116,7 @@ def run_distributed(job_json: dict, plan: DevicePlan, work_dir: Path) -> dict:
 
 def vllm_server_command(target_path: str, layer_ids: list[int], num_layers: int,
                         hs_dir: Path, port: int, tp: int, max_model_len: int,
-                        gpu_memory_utilization: float, extra: list[str]) -> list[str]:
+                        gpu_memory_utilization: float, options: Any) -> list[str]:
     """vLLM serving the target with its hidden-state extractor (speculators' launch_vllm.py
     recipe): the `extract_hidden_states` speculative method taps the aux layers plus layer
     N, and the file connector writes each request's states where the trainer reads them."""
@@ -128,7 +129,7 @@ def vllm_server_command(target_path: str, layer_ids: list[int], num_layers: int,
             "--speculative-config", json.dumps(speculative),
             "--kv-transfer-config", json.dumps(kv_transfer),
             "--tensor-parallel-size", str(tp), "--max-model-len", str(max_model_len),
-            "--gpu-memory-utilization", str(gpu_memory_utilization), *extra]
+            "--gpu-memory-utilization", str(gpu_memory_utilization), *option_flags(options)]
 
 
 # --- worker entry point -----------------------------------------------------------------------

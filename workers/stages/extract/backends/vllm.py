@@ -41,7 +41,7 @@ from workers.stages.extract.backends import ExtractJob, Progress, open_rows, rea
 from workers.stages.extract.layers import LayerPlan, is_hybrid
 from workers.stages.extract.params import VllmParams
 from workers.stages.extract.writer import torch_dtype, write_sample
-from workers.stages.vllm_server import VllmServer, failure_reason, serve_command
+from workers.stages.vllm_server import VllmServer, failure_reason, option_flags, serve_command
 
 SERVED_MODEL_NAME = "draftyard-target"
 STAGING_DIR = "vllm_staging"
@@ -102,8 +102,7 @@ def server_command(job: ExtractJob, port: int, staging_dir: Path, max_model_len:
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": str(staging_dir)},
     }
-    cmd = [*serve_command(str(job.target["path"]), port=port, host=vp.host,
-                          served_name=SERVED_MODEL_NAME),
+    cmd = [*serve_command(str(job.target["path"]), port=port, served_name=SERVED_MODEL_NAME),
            "--tokenizer", str(job.target.get("tokenizer_path") or job.target["path"]),
            "--dtype", job.dtype,
            "--tensor-parallel-size", str(vp.tensor_parallel_size),
@@ -117,7 +116,7 @@ def server_command(job: ExtractJob, port: int, staging_dir: Path, max_model_len:
            "--kv-transfer-config", json.dumps(kv_transfer_config)]
     if vp.max_num_batched_tokens:
         cmd += ["--max-num-batched-tokens", str(vp.max_num_batched_tokens)]
-    return cmd + list(vp.extra_args)
+    return cmd + option_flags(vp)
 
 
 # ---------------------------------------------------------------------------------------
@@ -299,10 +298,10 @@ def extract(job: ExtractJob, todo: list[tuple[int, int]], progress: Progress) ->
     if is_hybrid(job.target.get("config") or {}):
         print("note: hybrid (linear-attention) target: vLLM's hidden-state extraction "
               "supports these only in recent releases", file=sys.stderr)
-    port = vp.port or free_port(vp.host)
+    port = vp.port or free_port()
     max_len = vp.max_model_len or (max(n for _, n in todo) + 1)
     cmd = server_command(job, port, staging, max_len, visible_gpu_count())
-    with VllmServer(cmd, port, job.work_dir / "vllm_server.log", host=vp.host,
+    with VllmServer(cmd, port, job.work_dir / "vllm_server.log",
                     pid_path=job.work_dir / "vllm_server.pid",
                     startup_timeout_s=vp.startup_timeout_s) as server:
         try:

@@ -30,34 +30,28 @@ from workers.stages.generate.backends.base import (
     SamplingConfig,
 )
 from workers.stages.generate.params import VllmParams
-from workers.stages.vllm_server import VllmServer, serve_command
+from workers.stages.vllm_server import VllmServer, option_flags, serve_command
 
 SERVED_NAME = "draftyard-target"
 
 
-def build_serve_command(executable: list[str] | None, model_path: str, *, port: int,
-                        served_name: str, tokenizer_path: str | None = None,
-                        tensor_parallel_size: int = 1, data_parallel_size: int = 1,
-                        gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
-                        seed: int = 0, extra_args: list[str] | None = None,
-                        host: str = "127.0.0.1") -> list[str]:
-    """Generate's `vllm serve`: the target under `served_name`, sampling defaults off."""
-    base = ([*executable, model_path, "--host", host, "--port", str(port),
-             "--served-model-name", served_name] if executable else
-            serve_command(model_path, port=port, host=host, served_name=served_name))
-    cmd = [*base,
-           "--tensor-parallel-size", str(tensor_parallel_size),
-           "--data-parallel-size", str(data_parallel_size),
-           "--gpu-memory-utilization", str(gpu_memory_utilization),
+def build_serve_command(params: VllmParams, model_path: str, *, port: int, served_name: str,
+                        tokenizer_path: str | None = None, seed: int = 0) -> list[str]:
+    """Generate's `vllm serve`: the target under `served_name`, sampling defaults off, and
+    the job's typed options (contracts/vllm.py), never a flag of the job's own."""
+    cmd = [*serve_command(model_path, port=port, served_name=served_name),
+           "--tensor-parallel-size", str(params.tensor_parallel_size),
+           "--data-parallel-size", str(params.data_parallel_size),
+           "--gpu-memory-utilization", str(params.gpu_memory_utilization),
            "--seed", str(seed),
            # Ignore the model's generation_config.json sampling defaults: the request's
            # params are the whole story (the transformers backend does the same).
            "--generation-config", "vllm"]
     if tokenizer_path and os.path.abspath(tokenizer_path) != os.path.abspath(model_path):
         cmd += ["--tokenizer", tokenizer_path]
-    if max_model_len is not None:
-        cmd += ["--max-model-len", str(max_model_len)]
-    return cmd + list(extra_args or [])
+    if params.max_model_len is not None:
+        cmd += ["--max-model-len", str(params.max_model_len)]
+    return cmd + option_flags(params)
 
 
 class ResponseError(Exception):
@@ -232,12 +226,8 @@ class VllmBackend(GenerateBackend):
         self.params = params
         self.context_len = params.max_model_len or context_len
         port = params.port or free_port()
-        cmd = build_serve_command(
-            params.executable, model_path, port=port, served_name=SERVED_NAME,
-            tokenizer_path=tokenizer_path, tensor_parallel_size=params.tensor_parallel_size,
-            data_parallel_size=params.data_parallel_size,
-            gpu_memory_utilization=params.gpu_memory_utilization,
-            max_model_len=params.max_model_len, seed=sampling.seed, extra_args=params.extra_args)
+        cmd = build_serve_command(params, model_path, port=port, served_name=SERVED_NAME,
+                                  tokenizer_path=tokenizer_path, seed=sampling.seed)
         work_dir = Path(work_dir)
         self.server = VllmServer(cmd, port, work_dir / "vllm_server.log",
                                  pid_path=work_dir / "vllm_server.pid",
