@@ -75,6 +75,15 @@ def _train_run(st: Stack, c) -> dict:
     return r.json()
 
 
+def _grant(st: Stack, name: str, max_priority: int) -> None:
+    """Priorities above the members' 50 are granted per user by an admin (issue 26)."""
+    with st.client() as admin:
+        uid = next(u["id"] for u in admin.get("/v1/users", params={"limit": 100})
+                   .json()["data"] if u["name"] == name)
+        r = admin.patch(f"/v1/users/{uid}", json={"max_priority": max_priority})
+        assert r.status_code == 200, r.text
+
+
 def _check_requeued(c, job_id: str, by: str) -> None:
     """The preempted job right after the one that took its GPUs started: queued again (same
     id, attempt 2), saying who took them and when it resumes, in its read and the queue's."""
@@ -96,6 +105,7 @@ def test_preemption_end_to_end_short(stack):
     the probe's stage yields to SIGTERM, is requeued as attempt 2 and runs to the end; the
     owner hears `job.preempted` once. (Resuming from a checkpoint: the slow test.)"""
     alice, bob = stack.user("alice-s"), stack.user("bob-s")
+    _grant(stack, "bob-s", 70)
     with Receiver() as rx, stack.client(alice) as a, stack.client(bob) as b:
         hook = a.post("/v1/webhooks", json={"url": rx.url, "events": ["job.preempted"]})
         assert hook.status_code == 201, hook.text
@@ -124,10 +134,7 @@ def test_preemption_end_to_end_short(stack):
 @pytest.mark.slow
 def test_urgent_job_preempts_train_which_resumes_to_the_same_step_count(stack):
     alice, bob = stack.user("alice"), stack.user("bob")
-    with stack.client() as admin:  # priorities above the members' 50 are granted (issue 26)
-        bob_id = next(u["id"] for u in admin.get("/v1/users", params={"limit": 100})
-                      .json()["data"] if u["name"] == "bob")
-        assert admin.patch(f"/v1/users/{bob_id}", json={"max_priority": 70}).status_code == 200
+    _grant(stack, "bob", 70)
     t_begin = time.time()
     with Receiver() as rx, stack.client(alice) as a, stack.client(bob) as b:
         hook = a.post("/v1/webhooks", json={"url": rx.url, "events": ["job.preempted",
