@@ -126,7 +126,9 @@ def run_worker(node: str, gpus_decl: str | None, concurrency: int | None = None,
                               name="housekeeping")
     keeper.start()
     conc = concurrency or (len(gpus) + s.cpu_slots + 1)
-    argv = ["worker", "-Q", f"control,cpu,gpu.{node}", "--pool", "threads", "-c", str(conc),
+    # DRAFTYARD_CPU_SLOTS=0: a box kept for GPU stages takes no CPU job (README "Add a machine").
+    queues = ",".join(["control", *(["cpu"] if s.cpu_slots > 0 else []), f"gpu.{node}"])
+    argv = ["worker", "-Q", queues, "--pool", "threads", "-c", str(conc),
             "-n", f"{node}@{platform.node()}-{os.getpid()}", "--without-gossip",
             "--without-mingle", "--without-heartbeat", "-l", loglevel]
     try:

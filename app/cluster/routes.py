@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import ORJSONResponse
+
+from app.core.jsonresp import SafeJSONResponse
 
 from app.cluster import service
 from app.core.deps import CurrentUser, SessionDep
@@ -11,12 +12,12 @@ router = APIRouter(prefix="/v1", tags=["cluster"])
 
 @router.get("/queue")
 def queue(user: CurrentUser, session: SessionDep):
-    return ORJSONResponse(service.queue_view(session))
+    return SafeJSONResponse(service.queue_view(session))
 
 
 @router.get("/nodes")
 def nodes(user: CurrentUser, session: SessionDep):
-    return ORJSONResponse({"data": service.nodes_view(session)})
+    return SafeJSONResponse({"data": service.nodes_view(session)})
 
 
 @router.post("/nodes/{name}/drain")

@@ -48,6 +48,12 @@ def _private_sqlite_file(url: str) -> None:
         pass
 
 
+# A connection whose peer is unreachable fails within ~10 s: unacknowledged data after
+# tcp_user_timeout (ms), or an idle one after keepalives_idle + count * interval.
+PG_CONNECT_ARGS = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 4,
+                   "keepalives_interval": 2, "keepalives_count": 3, "tcp_user_timeout": 10000}
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         _private_sqlite_file(url)
@@ -70,9 +76,12 @@ def make_engine(url: str) -> Engine:
 
         return eng
     # connect_timeout: during a DB outage a connect must fail, not hang, so that a supervisor
-    # retrying through it can still give up in time (workers/supervisor.py).
+    # retrying through it can still give up in time (workers/supervisor.py). A network
+    # partition drops packets instead of refusing them: without keepalives and a TCP user
+    # timeout a call on an open connection waited for an answer that never came, and the
+    # supervisor never reached its give-up (issue 25: tests/machines/test_partition.py).
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20,
-                         connect_args={"connect_timeout": 5})
+                         connect_args=PG_CONNECT_ARGS)
 
 
 @lru_cache
