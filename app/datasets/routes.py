@@ -9,7 +9,7 @@ from app.core.config import get_settings
 from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.errors import BadRequest, Invalid
 from app.core.idempotency import idempotent
-from app.core.reads import typed
+from app.core.reads import body_of, typed
 from app.datasets import service
 from app.datasets.rejects import rejects_page
 from app.datasets.schemas import DatasetList, DatasetRead
@@ -64,7 +64,7 @@ async def create_dataset(request: Request, session: SessionDep):
 
         d = await asyncio.to_thread(service.from_upload, session, user, name, upload.filename,
                                     upload.file, fmt)
-        return DatasetRead.of(d)
+        return body_of(DatasetRead.of(d), user)
     try:
         data = orjson.loads(await request.body())
     except orjson.JSONDecodeError as e:
@@ -78,15 +78,15 @@ async def create_dataset(request: Request, session: SessionDep):
         msg = f"unknown field '{loc}'" if err["type"] == "extra_forbidden" else f"{loc}: {err['msg']}"
         raise Invalid(msg, param=loc) from e
     key = request.headers.get("idempotency-key")
-    return idempotent(session, user, key, body.model_dump(), lambda: DatasetRead.of(
-        service.from_path(session, user, body.name, body.path, body.format)))
+    return idempotent(session, user, key, body.model_dump(), lambda: body_of(DatasetRead.of(
+        service.from_path(session, user, body.name, body.path, body.format)), user))
 
 
 @router.post("/mix", status_code=201, response_model=DatasetRead)
 def mix(body: MixCreate, user: CurrentUser, session: SessionDep,
         idempotency_key: str | None = Header(None)):
     return idempotent(session, user, idempotency_key, body.model_dump(),
-                      lambda: DatasetRead.of(service.mix(session, user, body)))
+                      lambda: body_of(DatasetRead.of(service.mix(session, user, body)), user))
 
 
 @router.get("", response_model=DatasetList)
@@ -94,12 +94,12 @@ def list_datasets(*, status: str | None = None, page: PageDep,
                   user: CurrentUser, session: SessionDep):
     rows, more, nxt = service.list_datasets(session, page, status=status)
     return typed(DatasetList(data=[DatasetRead.of(d) for d in rows], has_more=more,
-                             next_after=nxt))
+                             next_after=nxt), user=user)
 
 
 @router.get("/{ds_id}", response_model=DatasetRead)
 def get_dataset(ds_id: str, user: CurrentUser, session: SessionDep):
-    return typed(DatasetRead.of(service.get_dataset(session, ds_id)))
+    return typed(DatasetRead.of(service.get_dataset(session, ds_id)), user=user)
 
 
 @router.get("/{ds_id}/rejects")
