@@ -16,21 +16,15 @@ from typing import Optional
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-from rich.table import Table
 
-from app.cli.view import console, fail, owner_names, print_json
+from app.cli.view import console, fail, make_table, owner_names, print_json, read_text_file
 from draftyard import ApiError, Client
 
 JSON = typer.Option(False, "--json", help="the API's JSON")
 
 
 def _table(title: str, cols: tuple[str, ...], rows: list[list]) -> None:
-    t = Table(title=title)
-    for c in cols:
-        t.add_column(c)
-    for r in rows:
-        t.add_row(*[("" if v is None else str(v)) for v in r])
-    console.print(t)
+    console.print(make_table(title, cols, rows))
 
 
 def _list(fetch: Callable[[Client], list[dict]], json_out: bool, title: str,
@@ -87,9 +81,9 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
                                                            "server, inside DRAFTYARD_MODEL_ROOTS"),
                     chat_template: Optional[Path] = typer.Option(None, help="a .jinja file")):
         """Register a target model."""
+        text = read_text_file(chat_template, "--chat-template") if chat_template else None
         try:
-            t = Client().create_target(name, path, chat_template=chat_template.read_text()
-                                       if chat_template else None)
+            t = Client().create_target(name, path, chat_template=text)
         except ApiError as e:
             fail(e)
         console.print(f"target [bold]{t['id']}[/bold]: {t['architecture']}, "

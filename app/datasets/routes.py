@@ -69,7 +69,7 @@ async def create_dataset(request: Request, session: Session = DB):
 
         d = await asyncio.to_thread(service.from_upload, session, user, name, upload.filename,
                                     upload.file, fmt)
-        return service.dataset_read(d)
+        return service.dataset_read(d, user)
     try:
         data = orjson.loads(await request.body())
     except orjson.JSONDecodeError as e:
@@ -84,14 +84,14 @@ async def create_dataset(request: Request, session: Session = DB):
         raise Invalid(msg, param=loc) from e
     key = request.headers.get("idempotency-key")
     return idempotent(session, user, key, body.model_dump(), lambda: service.dataset_read(
-        service.from_path(session, user, body.name, body.path, body.format)))
+        service.from_path(session, user, body.name, body.path, body.format), user))
 
 
 @router.post("/mix", status_code=201, response_model=DatasetRead)
 def mix(body: MixCreate, user: Principal = Depends(current_user), session: Session = DB,
         idempotency_key: str | None = Header(None)):
     return idempotent(session, user, idempotency_key, body.model_dump(),
-                      lambda: service.dataset_read(service.mix(session, user, body)))
+                      lambda: service.dataset_read(service.mix(session, user, body), user))
 
 
 @router.get("", response_model=DatasetList)
@@ -101,12 +101,12 @@ def list_datasets(status: str | None = None, page: Page = Depends(page_params),
     if status:
         stmt = stmt.where(Dataset.status == status)
     rows, more, nxt = paginate(session, stmt, Dataset.id, page)
-    return typed(list_body([service.dataset_read(d) for d in rows], more, nxt))
+    return typed(list_body([service.dataset_read(d, user) for d in rows], more, nxt))
 
 
 @router.get("/{ds_id}", response_model=DatasetRead)
 def get_dataset(ds_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return typed(service.dataset_read(service.get_dataset(session, ds_id)))
+    return typed(service.dataset_read(service.get_dataset(session, ds_id), user))
 
 
 @router.get("/{ds_id}/rejects")

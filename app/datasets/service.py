@@ -19,8 +19,9 @@ from app.core.auth import Principal
 from app.core.config import get_settings
 from app.core.db import after_commit
 from app.core.errors import Conflict, Invalid, NoSpace, NotFound, TooLarge
+from app.core.names import check_name_free
 from app.core.ids import new_id
-from app.core.paths import resolve_inside
+from app.core.paths import resolve_inside, shown
 from app.jobs.lifecycle import StatusChanged
 from app.jobs.schemas import JobCreate
 from app.jobs.service import create_job
@@ -44,6 +45,7 @@ def _check_format(fmt: str) -> str:
 
 
 def _new(session: Session, user: Principal, name: str, source: dict, fmt: str | None) -> Dataset:
+    check_name_free(session, Dataset, user, name)
     ds = Dataset(id=new_id("ds"), name=name, owner_id=user.id, status="ingesting",
                  source=source, format=None if fmt in (None, "auto") else fmt)
     session.add(ds)
@@ -224,9 +226,12 @@ def delete_dataset(session: Session, user: Principal, d: Dataset) -> None:
     session.delete(d)
 
 
-def dataset_read(d: Dataset) -> dict:
-    return {"id": d.id, "name": d.name, "status": d.status, "format": d.format,
-            "num_records": d.num_records, "num_rejected": d.num_rejected,
-            "rejected_sample": d.rejected_sample or [], "stats": d.stats or {},
-            "artifact_id": d.artifact_id, "job_id": d.job_id, "source": d.source,
-            "error": d.error, "created_at": d.created_at, "owner": d.owner_id}
+def dataset_read(d: Dataset, user: Principal | None = None) -> dict:
+    """`user`: a member sees the source path relative to the data roots (`data:<rel>`,
+    app/core/paths.shown), as in target and artifact reads."""
+    out = {"id": d.id, "name": d.name, "status": d.status, "format": d.format,
+           "num_records": d.num_records, "num_rejected": d.num_rejected,
+           "rejected_sample": d.rejected_sample or [], "stats": d.stats or {},
+           "artifact_id": d.artifact_id, "job_id": d.job_id, "source": d.source,
+           "error": d.error, "created_at": d.created_at, "owner": d.owner_id}
+    return shown(out, user) if user is not None else out

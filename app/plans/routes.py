@@ -4,6 +4,7 @@ from fastapi import APIRouter, Depends
 from app.core.auth import Principal, current_user
 from app.core.db import unit_of_work
 from app.plans import service
+from app.runs.names import with_ids
 from app.runs.schemas import RunCreate
 from app.storage.reserve import check_quota
 
@@ -15,4 +16,4 @@ def create_plan(body: RunCreate, user: Principal = Depends(current_user)):
     # No request session: the plan reads in its own short transaction, then runs for seconds.
     with unit_of_work(read_only=True) as s:
         check_quota(s, user.id, user.name, "a plan")
-    return service.make_plan(body)
+    return service.make_plan(with_ids(body, user))

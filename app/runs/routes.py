@@ -12,6 +12,7 @@ from app.core.reads import typed
 from app.models import Run
 from app.plans.service import plan_or_refuse
 from app.runs import service
+from app.runs.names import with_ids
 from app.runs.report import build_report
 from app.runs.schemas import RunCreate, RunCreated, RunList, RunRead
 from app.storage.reserve import check_quota
@@ -26,6 +27,7 @@ def create_run(body: RunCreate, user: Principal = Depends(current_user), session
     request = body.model_dump(mode="json")
     if idempotency_key and (done := replay(user, idempotency_key, request)) is not None:
         return done  # answered before: neither the plan nor the run again
+    body = with_ids(body, user)  # names where ids go (issue 27)
     chain = service.check_params(body)
     with unit_of_work(read_only=True) as s:  # before the plan's seconds (create_job again)
         check_quota(s, user.id, user.name, "a new run")

@@ -137,7 +137,8 @@ def run(spec: dict, ctx: StageContext) -> dict:
                         f"no JSON object in the first {len(head)} records")
                 raise StageError("ingest_failed",
                                  f"{path.name}: unknown format: {what}; known formats: "
-                                 f"{', '.join(FORMATS)} (params.format forces one)")
+                                 f"{', '.join(FORMATS)} (force one: --format in the CLI, "
+                                 f"the form field or params.format in the API)")
         writer = ThreadedWriter(out, name)
         # Parsed JSON is acyclic, so reference counting frees every record; the cyclic GC
         # would only rescan the batches in flight again and again (measured: it doubles the
