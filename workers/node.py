@@ -96,7 +96,7 @@ def _housekeeping(node: str, stop: threading.Event) -> None:
                 last_reasons, cost = t, time.monotonic() - t
             else:
                 nudge()
-        except Exception:  # noqa: BLE001  keep heartbeating through DB blips
+        except Exception:  # keep heartbeating through DB blips
             log.exception("housekeeping tick failed")
         stop.wait(min(1.0, s.heartbeat_s))
 
@@ -126,7 +126,9 @@ def run_worker(node: str, gpus_decl: str | None, concurrency: int | None = None,
                               name="housekeeping")
     keeper.start()
     conc = concurrency or (len(gpus) + s.cpu_slots + 1)
-    argv = ["worker", "-Q", f"control,cpu,gpu.{node}", "--pool", "threads", "-c", str(conc),
+    # DRAFTYARD_CPU_SLOTS=0: a box kept for GPU stages takes no CPU job (README "Add a machine").
+    queues = ",".join(["control", *(["cpu"] if s.cpu_slots > 0 else []), f"gpu.{node}"])
+    argv = ["worker", "-Q", queues, "--pool", "threads", "-c", str(conc),
             "-n", f"{node}@{platform.node()}-{os.getpid()}", "--without-gossip",
             "--without-mingle", "--without-heartbeat", "-l", loglevel]
     try:
@@ -137,6 +139,6 @@ def run_worker(node: str, gpus_decl: str | None, concurrency: int | None = None,
         try:
             with unit_of_work() as sess:
                 mark_offline(sess, node)
-        except Exception:  # noqa: BLE001  the reaper marks it dead after stale_after_s anyway
+        except Exception:  # the reaper marks it dead after stale_after_s anyway
             log.exception("could not mark node %s offline", node)
 

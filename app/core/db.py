@@ -48,6 +48,12 @@ def _private_sqlite_file(url: str) -> None:
         pass
 
 
+# A connection whose peer is unreachable fails within ~10 s: unacknowledged data after
+# tcp_user_timeout (ms), or an idle one after keepalives_idle + count * interval.
+PG_CONNECT_ARGS = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 4,
+                   "keepalives_interval": 2, "keepalives_count": 3, "tcp_user_timeout": 10000}
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         _private_sqlite_file(url)
@@ -55,7 +61,7 @@ def make_engine(url: str) -> Engine:
         event.listen(eng, "connect", _sqlite_pragmas)
 
         @event.listens_for(eng, "begin")
-        def _begin(conn):  # noqa: ANN001
+        def _begin(conn):
             # A transaction that may write takes the write lock at BEGIN, so read-then-write
             # transactions (the scheduler, compare-and-set claims) serialise instead of
             # failing on upgrade. A read-only one must not: with WAL it reads a snapshot
@@ -65,14 +71,17 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         @event.listens_for(eng, "connect")
-        def _no_pysqlite_begin(dbapi_conn, _rec):  # noqa: ANN001
+        def _no_pysqlite_begin(dbapi_conn, _rec):
             dbapi_conn.isolation_level = None
 
         return eng
     # connect_timeout: during a DB outage a connect must fail, not hang, so that a supervisor
-    # retrying through it can still give up in time (workers/supervisor.py).
+    # retrying through it can still give up in time (workers/supervisor.py). A network
+    # partition drops packets instead of refusing them: without keepalives and a TCP user
+    # timeout a call on an open connection waited for an answer that never came, and the
+    # supervisor never reached its give-up (issue 25: tests/machines/test_partition.py).
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20,
-                         connect_args={"connect_timeout": 5})
+                         connect_args=PG_CONNECT_ARGS)
 
 
 @lru_cache
@@ -107,7 +116,7 @@ def _run_after_commit(session: Session) -> None:
     for fn in hooks:
         try:
             fn()
-        except Exception:  # noqa: BLE001  a lost nudge is recovered by the periodic tick
+        except Exception:  # a lost nudge is recovered by the periodic tick
             log.exception("after-commit hook failed")
 
 

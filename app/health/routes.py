@@ -2,14 +2,16 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends
-from fastapi.responses import ORJSONResponse, Response
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from app.core.jsonresp import SafeJSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from app.core.auth import Principal, current_user
 from app.core.broker import ping_broker
 from app.core.db import get_engine
+from app.core.deps import CurrentUser
 from app.core.errors import error_body
 from app.core.metrics import refresh
 
@@ -37,12 +39,12 @@ async def readyz():
         return problems
     problems = await asyncio.to_thread(check)
     if problems:
-        return ORJSONResponse(error_body("not_ready", "dependencies unreachable: " +
+        return SafeJSONResponse(error_body("not_ready", "dependencies unreachable: " +
                                          ", ".join(problems), None, problems), status_code=503)
     return {"status": "ready"}
 
 
 @router.get("/metrics")
-def metrics(user: Principal = Depends(current_user)):
+def metrics(user: CurrentUser):
     refresh()
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.jobs import service as jobs
-from app.models import Artifact, Dataset, Run, Target, User
+from app.models import Artifact, Dataset, Job, Run, Target, User
 from app.runs.service import run_jobs
 
 # Keys of the evaluate stage's report.json shown as they are (when present).
@@ -86,6 +86,9 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
     datasets = _names(session, Dataset, {dataset_id})
     users = _names(session, User, {run.owner_id, *(j.owner_id for j in js)})
     stage_of: dict = {j.id: j.run_stage for j in js}
+    # The machine each artifact was made on (issue 25), the run's input's ingest included.
+    node_of: dict = dict(session.execute(select(Job.id, Job.node).where(
+        Job.id.in_({a.producer_job for a in arts if a.producer_job}))).tuples().all())
 
     def template_sha(a: Artifact, seen: frozenset = frozenset()) -> str | None:
         """The chat template an artifact was made with: its own record, else its inputs'."""
@@ -101,7 +104,7 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
 
     lineage = [{"id": a.id, "kind": a.kind,
                 "stage": stage_of.get(a.producer_job) or ("input" if a is root else None),
-                "job_id": a.producer_job,
+                "job_id": a.producer_job, "node": node_of.get(a.producer_job),
                 # The artifacts it was made from (the target has its own field).
                 "inputs": [i for i in a.inputs or [] if i != target_id], "bytes": a.bytes,
                 "created_at": a.created_at,
@@ -129,7 +132,8 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
         "target": {"id": target_id, "name": targets.get(target_id)},
         "dataset": {"id": dataset_id, "name": datasets.get(dataset_id)},
         "stages": [{"stage": j.run_stage, "job_id": j.id, "status": j.status,
-                    "attempt": j.attempt, "owner": {"id": j.owner_id, "name": users.get(j.owner_id)},
+                    "attempt": j.attempt, "node": j.node,
+                    "owner": {"id": j.owner_id, "name": users.get(j.owner_id)},
                     "error": j.error, "reused_from": j.reused_from,
                     "started_at": j.started_at, "finished_at": j.finished_at} for j in js],
         "evaluation": evaluation,

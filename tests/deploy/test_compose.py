@@ -53,3 +53,31 @@ def test_docker_compose_config_validates():
     if r.returncode != 0 and ("is not a docker command" in r.stderr or "unknown" in r.stderr.lower()):
         pytest.skip("docker compose plugin not available")
     assert r.returncode == 0, r.stderr
+
+
+def test_compose_second_machine_layout():
+    """Issue 25: the layout of tests/machines/ (README "Add a machine"): two worker services,
+    each with a scratch volume of its own (DRAFTYARD_SCRATCH_DIR), one shared volume at
+    DRAFTYARD_HOME for the API and both workers; DB and broker addresses settable for a
+    worker on another machine, and published to it only when asked."""
+    c = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    svc, vols = c["services"], c["volumes"]
+    workers = [svc["worker"], svc["worker-2"]]
+    assert svc["worker-2"]["profiles"] == ["second-machine"]
+    assert "depends_on" not in svc["worker-2"]  # its DB and broker are the first box's
+    mounts = [dict(reversed(v.split(":")[:2]) for v in w["volumes"]) for w in workers]
+    home = svc["api"]["environment"]["DRAFTYARD_HOME"]
+    assert {m[home] for m in mounts} == {"shared"}
+    assert dict(reversed(v.split(":")[:2]) for v in svc["api"]["volumes"])[home] == "shared"
+    scratch = [w["environment"]["DRAFTYARD_SCRATCH_DIR"] for w in workers]
+    assert scratch == ["/scratch", "/scratch"]
+    assert mounts[0]["/scratch"] != mounts[1]["/scratch"]
+    assert {mounts[0]["/scratch"], mounts[1]["/scratch"], "shared"} <= set(vols)
+    assert vols["shared"]["driver_opts"]["device"].startswith("${SHARED_DIR")
+    nodes = [w["command"][w["command"].index("--node") + 1] for w in workers]
+    assert nodes[0] != nodes[1]
+    env = workers[1]["environment"]
+    assert "${DB_HOST:-postgres}" in env["DRAFTYARD_DATABASE_URL"]
+    assert "${BROKER_HOST:-redis}" in env["DRAFTYARD_BROKER_URL"]
+    for s in ("postgres", "redis"):
+        assert all(p.startswith("${PUBLISH_ADDR:-127.0.0.1}:") for p in svc[s]["ports"])

@@ -14,21 +14,12 @@ import time
 import pytest
 
 from tests.conftest import REDIS_DBS
-from tests.faults.harness import StageSampler, lease_problems
+from tests.faults.harness import FaultStack, StageSampler, lease_problems
 from tests.machines.clock import skewed_env
 from tests.service.stack import Stack
 
 TERMINAL = ("succeeded", "failed", "cancelled")
-
-
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+_wait = FaultStack.wait
 
 
 def _run(offset_s: float, how: str) -> None:
@@ -42,7 +33,7 @@ def _run(offset_s: float, how: str) -> None:
         sampler = StageSampler(st.home).start()
         with st.client() as c:
             ids = [c.post("/v1/jobs", json={"type": "probe", "gpus": 1, "params": {
-                "sleep_s": 14, "steps": 7, "import_torch": False}}).json()["id"]
+                "sleep_s": 8, "steps": 4, "import_torch": False}}).json()["id"]
                 for _ in range(2)]
             _wait(lambda: {c.get(f"/v1/jobs/{j}").json()["node"] for j in ids} == {"a", "b"},
                   60, "one probe running on each node")
