@@ -210,9 +210,9 @@ def run_job(job_id: str, node: str) -> str:
         retrying(lambda: finish(done, outcome), f"job {job_id}: finish", fence_s())
         try:  # retention (app/storage/retention.py): best effort, prune finds what is left
             settle_scratch(job_id)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("job %s: scratch not settled", job_id)
-    except Exception as e:  # noqa: BLE001  infrastructure failure: record it, never hang
+    except Exception as e:  # infrastructure failure: record it, never hang
         if sup is not None:
             sup.kill()  # nothing of this attempt may outlive its supervisor
         log.exception("job %s failed in the worker", job_id)
