@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,10 +166,35 @@ class Supervisor:
                         self.job_id, self.attempt, len(left), left)
 
     # -- the watch loop -------------------------------------------------------------------
+    def _fence_by_time(self, limit: float, stop: threading.Event) -> None:
+        """Give up on time even while a DB call hangs (a partition drops packets: a call may
+        wait up to the TCP timeouts of app/core/db.py before it fails, past give_up_s and
+        close to the reaper's fence_s): kill the stage once `limit` has passed since the last
+        DB success; the watch loop then raises GaveUp whatever that call returns."""
+        while not stop.wait(0.25):
+            if time.monotonic() - self._last_ok > limit:
+                log.error("job %s: no database answer for %.0fs; killing the stage",
+                          self.job_id, limit)
+                self._fenced = True
+                self.kill()
+                return
+
     def watch(self) -> StageOutcome:
+        stop = threading.Event()
+        dog = threading.Thread(target=self._fence_by_time, args=(give_up_s(), stop),
+                               daemon=True, name=f"fence-{self.job_id}")
+        self._last_ok = time.monotonic()
+        self._fenced = False
+        dog.start()
+        try:
+            return self._watch()
+        finally:
+            stop.set()
+
+    def _watch(self) -> StageOutcome:
         assert self.proc is not None
         last_hb = 0.0
-        last_ok = retry_at = time.monotonic()  # last DB success; next DB try in an outage
+        retry_at = time.monotonic()  # next DB try in an outage
         delay = 0.0
         cancel_at: float | None = None
         grace = self.settings.cancel_grace_s
@@ -183,10 +209,12 @@ class Supervisor:
                 continue
             try:
                 status = self._pump_events(heartbeat=now - last_hb >= self.settings.heartbeat_s)
+                if self._fenced:  # killed by _fence_by_time while this call hung
+                    raise GaveUp(f"database unreachable for {limit:.0f}s")
             except SQLAlchemyError as e:  # DB outage: the stage keeps running
                 if delay == 0.0:
                     log.warning("job %s: DB unreachable, stage kept running: %s", self.job_id, e)
-                if time.monotonic() - last_ok > limit:
+                if self._fenced or time.monotonic() - self._last_ok > limit:
                     # Fence: the reaper may requeue the job soon; nothing of ours may live on.
                     log.error("job %s: DB unreachable for %.0fs; killing the stage",
                               self.job_id, limit)
@@ -196,8 +224,9 @@ class Supervisor:
                 retry_at = time.monotonic() + delay
                 continue
             if delay:
-                log.warning("job %s: DB back after %.1fs", self.job_id, time.monotonic() - last_ok)
-            last_ok, delay = time.monotonic(), 0.0
+                log.warning("job %s: DB back after %.1fs", self.job_id,
+                            time.monotonic() - self._last_ok)
+            self._last_ok, delay = time.monotonic(), 0.0
             if now - last_hb >= self.settings.heartbeat_s:
                 last_hb = now
             if status == LOST:
