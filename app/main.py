@@ -14,7 +14,7 @@ from app.cluster.shared import announce
 from app.core.config import get_settings
 from app.core.errors import ERROR_RESPONSES, install_handlers
 from app.core.jsonresp import SafeJSONResponse
-from app.core.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from app.core.middleware import BodyLimitMiddleware, RedactTokens, RequestIdMiddleware
 from app.dashboard.routes import router as dashboard
 from app.datasets.routes import router as datasets
 from app.health.routes import router as health
@@ -23,6 +23,7 @@ from app.plans.routes import router as plans
 from app.runs.routes import router as runs
 from app.scheduler.reaper import ApiReaper
 from app.storage.delete import check_storage
+from app.storage.routes import router as storage
 from app.targets.routes import router as targets
 from app.users.routes import router as users
 from app.webhooks.routes import router as webhooks
@@ -67,7 +68,11 @@ def create_app() -> FastAPI:
     app.add_middleware(RequestIdMiddleware)
     for r in (health, dashboard):
         app.include_router(r)
-    for r in (users, jobs, cluster, targets, datasets, artifacts, runs, plans, webhooks):
+    for r in (users, jobs, cluster, targets, datasets, artifacts, runs, plans, webhooks,
+              storage):
         app.include_router(r, responses=ERROR_RESPONSES)
     logging.getLogger("draftyard").setLevel(logging.INFO)
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactTokens) for f in access.filters):
+        access.addFilter(RedactTokens())
     return app

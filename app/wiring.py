@@ -16,6 +16,7 @@ from app.jobs.service import add_event
 from app.scheduler.nudge import nudge_after_commit
 from app.scheduler.reads import no_gpu_node_reason
 from app.scheduler.service import SCHEDULING
+from app.storage.retention import on_job_status as retention_follows_job
 from app.webhooks.service import on_job_status as webhooks_hear
 
 
@@ -44,6 +45,7 @@ def _say_no_node_fits(session: Session, ev: StatusChanged) -> None:
 def wire() -> None:
     subscribe(dataset_follows_job)
     subscribe(run_follows_job)
+    subscribe(retention_follows_job)
     subscribe(_wake_scheduler)
     subscribe(_webhooks)
     subscribe(_say_no_node_fits)

@@ -84,6 +84,9 @@ class RunSpec(BaseModel):
     chat_template_kwargs: JsonObject | None = None
     priority: int = Field(50, ge=0, le=100)
     force: bool = False
+    # Retention (issue 23): true keeps the run's intermediates (offline hidden states, each
+    # job's scratch); null: the server's default (DRAFTYARD_KEEP_HIDDEN_STATES).
+    keep: bool | None = None
     # Start even when the plan finds errors (the records that fail are rejected and counted).
     force_plan: bool = False
     plan_sample: int = Field(200, ge=1, le=100_000)

@@ -37,6 +37,9 @@ class StageSpec(BaseModel):
     # The roots the stage checks its paths against again (workers/stages/common.check_roots);
     # none: a spec an operator wrote to run a stage alone.
     roots: dict[str, list[str]] | None = None
+    # Server limits the stage holds its inputs to (`max_decompressed_bytes`: what a compressed
+    # dataset file may inflate to, as uploads are held to); none: no limit.
+    limits: dict[str, int] | None = None
 
     @classmethod
     def in_folder(cls, type_: str, folder: Path, scratch: Path, *, attempt: int = 1,

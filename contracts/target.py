@@ -46,10 +46,11 @@ def layer_ids_problem(layer_ids: Any, num_layers: int | None = None,
     """Why `layer_ids` are not valid aux layer ids for a target of `num_layers` decoder
     layers (None: for any target), or None when they are."""
     n = num_layers
-    valid = f"[0, {n - 1}]" if n is not None else "[0, N-1]"
+    # A range reads as one: "0..7" ("[0, 7]" read as the two layers 0 and 7, issue 27).
+    valid = f"0..{n - 1}" if n is not None else "0..N-1"
     rng = {"valid_range": [0, n - 1]} if n is not None else {}
     if not isinstance(layer_ids, (list, tuple)) or not layer_ids:
-        return LayerIdsProblem(f"{field} must list at least one aux layer in {valid}"
+        return LayerIdsProblem(f"{field} must list at least one aux layer of layers {valid}"
                                + (f" (the target has {n} layers)" if n is not None else ""),
                                {"field": field, **rng})
     bad = [i for i in layer_ids if not isinstance(i, int) or isinstance(i, bool) or i < 0
@@ -58,10 +59,28 @@ def layer_ids_problem(layer_ids: Any, num_layers: int | None = None,
         hint = (f"; layer {n} (the input of the final norm) is always stored last, do not "
                 f"list it") if n is not None and n in bad else ""
         target = f" for a target with {n} layers" if n is not None else ""
-        return LayerIdsProblem(f"{field} {bad} out of range: valid aux layer ids are "
+        return LayerIdsProblem(f"{field} {bad} out of range: valid aux layer ids are layers "
                                f"{valid}{target}{hint}",
                                {"field": field, "invalid": bad, **rng})
     if len(set(layer_ids)) != len(layer_ids):
         return LayerIdsProblem(f"{field} must be distinct, got {list(layer_ids)}",
                                {"field": field})
     return None
+
+
+TEMPLATE_FILE_SUFFIXES = (".jinja", ".j2", ".txt")
+
+
+def looks_like_template_path(text: str) -> bool:
+    """A `chat_template` that is a file's name, not a template (issue 27: a path was stored
+    as the template's text and the plan later said `empty_turns x30`): one line, ending in
+    .jinja/.j2/.txt, with no Jinja tag in it."""
+    t = text.strip()
+    return ("\n" not in t and t.lower().endswith(TEMPLATE_FILE_SUFFIXES)
+            and "{%" not in t and "{{" not in t)
+
+
+def template_path_message(text: str, field: str = "chat_template") -> str:
+    return (f"{field} {text.strip()!r} looks like a file name, not a template: send the "
+            f"file's content (the CLI's --chat-template FILE reads it for you)")
+

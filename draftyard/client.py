@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, Literal
 
 import httpx
 
-from draftyard.errors import ApiError, error_for
+from draftyard.errors import ApiError, NotFound, error_for
 
 Json = dict[str, Any]
 Progress = Callable[[int, int | None], None]  # (bytes done, total bytes or None)
@@ -171,7 +171,8 @@ class Client:
         return self.page("/v1/targets", limit, after)
 
     def get_target(self, target_id: str) -> Json:
-        return self.get(f"/v1/targets/{target_id}")
+        """A target by id, or by name (names are unique per owner; your own first)."""
+        return self._by_name("/v1/targets", "tgt_", target_id, "target")
 
     # ---- datasets -------------------------------------------------------------------
     def upload_dataset(self, file: str | Path, name: str | None = None, format: str = "auto",  # noqa: A002
@@ -200,7 +201,21 @@ class Client:
         return self.page("/v1/datasets", limit, after)
 
     def get_dataset(self, dataset_id: str) -> Json:
-        return self.get(f"/v1/datasets/{dataset_id}")
+        """A dataset by id, or by name (names are unique per owner; your own first)."""
+        return self._by_name("/v1/datasets", "ds_", dataset_id, "dataset")
+
+    def _by_name(self, path: str, prefix: str, ref: str, what: str) -> Json:
+        if ref.startswith(prefix):
+            return self.get(f"{path}/{ref}")
+        found = [x for x in self.iter_all(path) if x.get("name") == ref]
+        if len(found) > 1:
+            me = self.get("/v1/users/me").get("id")
+            found = [x for x in found if x.get("owner") == me] or found
+        if len(found) == 1:
+            return found[0]
+        raise NotFound(404, "not_found", (
+            f"{len(found)} {what}s of other users are named {ref!r}; give the id" if found
+            else f"no {what} has the id or name {ref!r}"), param="name")
 
     def delete_dataset(self, dataset_id: str) -> None:
         self.delete(f"/v1/datasets/{dataset_id}")
@@ -318,6 +333,19 @@ class Client:
 
     def get_artifact(self, artifact_id: str) -> Json:
         return self.get(f"/v1/artifacts/{artifact_id}")
+
+    def delete_artifact(self, artifact_id: str) -> Json:
+        """Files removed, the row kept as a tombstone; 409 (`Conflict`) while in use."""
+        return self.delete(f"/v1/artifacts/{artifact_id}")
+
+    # ---- storage --------------------------------------------------------------------
+    def storage(self) -> Json:
+        """Bytes by kind, owner and run; volumes; reclaimable bytes (GET /v1/storage)."""
+        return self.get("/v1/storage")
+
+    def prune_storage(self, dry_run: bool = True) -> Json:
+        """What retention removes now (`dry_run`: only list it)."""
+        return self.post("/v1/storage/prune", {"dry_run": dry_run})
 
     def download_file(self, artifact_id: str, path: str, dest: str | Path,
                       progress: Progress | None = None) -> Path:

@@ -12,6 +12,8 @@ from app.wiring import wire
 from workers.runner import run_job as _run
 
 app = celery_app()
+# Back to the broker within a second once it returns (workers/consumer.py).
+app.conf.worker_consumer = "workers.consumer:QuickReconnectConsumer"
 wire()  # this process changes job status too: same consequences as in the API (app/wiring.py)
 
 

@@ -22,6 +22,7 @@ from app.jobs.service import add_event, cas_status, requeue_preempted, transitio
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, Job
 from app.scheduler.reaper import fence_s, give_up_s
+from app.storage.retention import settle_scratch
 from contracts.spec import StageSpec
 from workers.attempt import Attempt
 from workers.publish import ArtifactMissing, Published, publish_artifacts, unpublish
@@ -84,7 +85,9 @@ def prepare_attempt(job_id: str) -> Attempt:
         scratch = scratch_dir(job_id, job.attempt)
         spec = StageSpec.in_folder(job.type, jd, scratch, attempt=job.attempt, job_id=job.id,
                                    params=job.params, inputs=resolved, gpus=gpus,
-                                   roots=spec_roots())
+                                   roots=spec_roots(),
+                                   limits={"max_decompressed_bytes":
+                                           get_settings().max_decompressed_bytes})
         shutil.rmtree(spec.out_dir, ignore_errors=True)  # what a killed try left
         return Attempt(job.id, job.attempt, jd, spec, spec.write(scratch / "spec.json"),
                        _input_ids(resolved))
@@ -205,6 +208,10 @@ def run_job(job_id: str, node: str) -> str:
         # until the reaper would take the job anyway (then finish records nothing).
         done = att
         retrying(lambda: finish(done, outcome), f"job {job_id}: finish", fence_s())
+        try:  # retention (app/storage/retention.py): best effort, prune finds what is left
+            settle_scratch(job_id)
+        except Exception:  # noqa: BLE001
+            log.exception("job %s: scratch not settled", job_id)
     except Exception as e:  # noqa: BLE001  infrastructure failure: record it, never hang
         if sup is not None:
             sup.kill()  # nothing of this attempt may outlive its supervisor

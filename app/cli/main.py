@@ -13,9 +13,13 @@ from typing import Optional
 
 import typer
 
+from app.cli import initrun as _initrun
 from app.cli import resources as _resources
 from app.cli import runs as _runs
-from app.cli.view import (console, fail, follow_jobs, jobs_table, owner_names, print_failures,
+from app.cli import storage as _storage
+from app.cli.view import (console, describe, fail, follow_jobs, jobs_table, owner_names,
+                          print_error,
+                          print_failures,
                           print_json)
 from draftyard import ApiError, Client
 
@@ -94,7 +98,7 @@ def submit(type: str = typer.Argument(..., help="probe|ingest|generate|prepare|e
         body = {"type": type, "params": json.loads(params), "inputs": json.loads(inputs),
                 "gpus": gpus, "priority": priority}
     except json.JSONDecodeError as e:
-        console.print(f"[red]error[/red] --params/--inputs is not JSON: {e}")
+        print_error(f"--params/--inputs is not JSON: {e}")
         raise typer.Exit(2) from e
     if name:
         body["name"] = name
@@ -213,27 +217,40 @@ def nodes(json_out: bool = typer.Option(False, "--json", help="the API's JSON"))
 
 _runs.register(cli)  # plan, run, runs (list, show), dataset
 _resources.register(cli)  # targets, datasets, artifacts, users, webhooks
+_initrun.register(cli)  # init-run
+_storage.register(cli)  # storage, storage prune
 
 
 def main() -> None:
-    """The `draftyard` entry point: an unreachable API or an API error is one line, never a
-    traceback."""
+    """The `draftyard` entry point: every failure is one line naming its cause, never a
+    traceback (`--debug`, anywhere on the line, or DRAFTYARD_DEBUG=1 shows it)."""
     import httpx
 
     from draftyard import resolve_settings
 
+    debug = "--debug" in sys.argv[1:] or os.environ.get("DRAFTYARD_DEBUG") == "1"
+    if "--debug" in sys.argv[1:]:
+        sys.argv.remove("--debug")
     try:
         cli()
     except httpx.TransportError as e:
-        console.print(f"[red]error[/red] cannot reach the draftyard API at "
-                      f"{resolve_settings()[0]}: {e} "
-                      "(is it running? `draftyard up` starts one; DRAFTYARD_URL points elsewhere)")
+        if debug:
+            raise
+        print_error(f"cannot reach the draftyard API at {resolve_settings()[0]}: {e} (is it "
+                    "running? `draftyard up` starts one; DRAFTYARD_URL points elsewhere)")
         raise SystemExit(3) from None
     except ApiError as e:
-        console.print(f"[red]error[/red] {e}")
+        if debug:
+            raise
+        print_error(describe(e))
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    except Exception as e:  # noqa: BLE001  the last net: one line, the cause, no traceback
+        if debug:
+            raise
+        print_error(f"{type(e).__name__}: {e} (run with --debug for the traceback)")
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

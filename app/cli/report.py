@@ -5,9 +5,8 @@ and where every artifact came from."""
 
 from __future__ import annotations
 
-from rich.table import Table
 
-from app.cli.view import console, num
+from app.cli.view import console, make_table, num
 
 VERDICT_COLOR = {"accept": "green", "reject": "red"}
 # Acceptance-like training series, as the trainer names them: the first present is shown.
@@ -105,12 +104,10 @@ def print_report(rep: dict, log=console.print) -> None:
             log("serve it:")
             log(f"  {d['serve_command']}", markup=False, highlight=False, soft_wrap=True)
     if rep.get("lineage"):
-        t = Table(title="lineage of every artifact")
-        for col in ("artifact", "kind", "stage", "from", "dataset", "template sha256", "target"):
-            t.add_column(col)
-        for a in rep["lineage"]:
-            t.add_row(a["id"], a["kind"], a.get("stage") or "", ", ".join(a["inputs"]) or "-",
-                      a["dataset"].get("name") or a["dataset"].get("id") or "-",
-                      (a.get("chat_template_sha256") or "-")[:12],
-                      a["target"].get("name") or a["target"].get("id") or "-")
-        log(t)
+        log(make_table("lineage of every artifact", (
+            "artifact", "kind", "stage", "from", "dataset", "template sha256", "target"),
+            [[a["id"], a["kind"], a.get("stage") or "", ", ".join(a["inputs"]) or "-",
+              a["dataset"].get("name") or a["dataset"].get("id") or "-",
+              (a.get("chat_template_sha256") or "-")[:12],
+              a["target"].get("name") or a["target"].get("id") or "-"]
+             for a in rep["lineage"]]))

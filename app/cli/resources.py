@@ -2,7 +2,7 @@
 
     draftyard targets [--json]               draftyard targets add NAME PATH
     draftyard datasets [--json]              (upload: `draftyard dataset FILE`)
-    draftyard artifacts [--kind K] [--json]  draftyard artifacts pull ART_ID DIR
+    draftyard artifacts [--kind K] [--json]  draftyard artifacts pull ART_ID DIR / rm ART_ID
     draftyard users [--json]                 draftyard users add NAME [--role admin]
     draftyard webhooks [--json]              draftyard webhooks add URL [--event E ...]
                                              draftyard webhooks rm ID / deliveries ID
@@ -16,21 +16,15 @@ from typing import Optional
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-from rich.table import Table
 
-from app.cli.view import console, fail, owner_names, print_json
+from app.cli.view import console, fail, make_table, owner_names, print_json, read_text_file
 from draftyard import ApiError, Client
 
 JSON = typer.Option(False, "--json", help="the API's JSON")
 
 
 def _table(title: str, cols: tuple[str, ...], rows: list[list]) -> None:
-    t = Table(title=title)
-    for c in cols:
-        t.add_column(c)
-    for r in rows:
-        t.add_row(*[("" if v is None else str(v)) for v in r])
-    console.print(t)
+    console.print(make_table(title, cols, rows))
 
 
 def _list(fetch: Callable[[Client], list[dict]], json_out: bool, title: str,
@@ -87,9 +81,9 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
                                                            "server, inside DRAFTYARD_MODEL_ROOTS"),
                     chat_template: Optional[Path] = typer.Option(None, help="a .jinja file")):
         """Register a target model."""
+        text = read_text_file(chat_template, "--chat-template") if chat_template else None
         try:
-            t = Client().create_target(name, path, chat_template=chat_template.read_text()
-                                       if chat_template else None)
+            t = Client().create_target(name, path, chat_template=text)
         except ApiError as e:
             fail(e)
         console.print(f"target [bold]{t['id']}[/bold]: {t['architecture']}, "
@@ -108,7 +102,8 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
                                 d.get("num_rejected"), (d.get("stats") or {}).get("user_only")],
               owners=True)
 
-    artifacts = _group(cli, "artifacts", "Artifacts: list them, pull one into a folder.")
+    artifacts = _group(cli, "artifacts", "Artifacts: list them, pull one into a folder, "
+                                              "delete one (rm).")
 
     @artifacts.callback(invoke_without_command=True)
     def artifacts_list(ctx: typer.Context, kind: Optional[str] = None,
@@ -117,7 +112,8 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
             return
         _list(lambda c: c.list_artifacts(kind, job_id, limit)["data"], json_out, "artifacts",
               ("id", "kind", "size", "files", "producer job", "inputs"),
-              lambda a, _: [a["id"], a["kind"], _size(a["bytes"]), len(a["files"]),
+              lambda a, _: [a["id"], a["kind"], _size(a["bytes"]) +
+                            (" (deleted)" if a.get("deleted_at") else ""), len(a["files"]),
                             a["producer_job"], ", ".join(a["inputs"])])
 
     @artifacts.command("pull")
@@ -135,6 +131,16 @@ def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
             fail(e)
         n = sum(1 for p in dest.rglob("*") if p.is_file())
         console.print(f"pulled {artifact_id} into {dest} ({n} files)")
+
+    @artifacts.command("rm")
+    def artifacts_rm(artifact_id: str):
+        """Delete an artifact's files; its row stays as a tombstone (lineage still reads)."""
+        try:
+            a = Client().delete_artifact(artifact_id)
+        except ApiError as e:
+            fail(e)
+            return
+        console.print(f"deleted {artifact_id}: freed {_size(a['bytes_freed'])}")
 
     users = _group(cli, "users", "The team: list users; admins add them.")
 

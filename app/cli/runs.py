@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from app.cli.report import print_report
-from app.cli.view import (TERMINAL, console, fail, follow_jobs, num, owner_names, print_failures,
+from app.cli.view import (TERMINAL, console, fail, follow_jobs, make_table, num, owner_names,
+                          print_error,
+                          print_failures,
                           print_json, verdict_line)
 from draftyard import ApiError, Client
 
@@ -29,9 +30,9 @@ def _body(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        console.print(f"[red]error[/red] {path}: no such file")
+        print_error(f"{path}: no such file")
     except json.JSONDecodeError as e:
-        console.print(f"[red]error[/red] {path}: not JSON (line {e.lineno}, column {e.colno}: "
+        print_error(f"{path}: not JSON (line {e.lineno}, column {e.colno}: "
                       f"{e.msg})")
     raise typer.Exit(2)
 
@@ -129,17 +130,16 @@ def register(cli: typer.Typer) -> None:
             names = owner_names(c)
         except ApiError as e:
             fail(e)
-        t = Table(title="runs")
-        for col in ("verdict", "id", "name", "owner", "status", "stages", "tau (untrained)"):
-            t.add_column(col)
+        rows = []
         for r in page["data"]:
             stages = " ".join(f"{j['run_stage']}:{j['status']}" for j in r["jobs"])
             rep = r.get("report") or {}
             tau = f"{num(rep.get('tau'))} ({num(rep.get('tau_baseline'))})" if rep else ""
             v = rep.get("verdict") or ""
-            t.add_row(f"[{'green' if v == 'accept' else 'red'}]{v}[/]" if v else "", r["id"],
-                      r["name"], names.get(r["owner"], r["owner"]), r["status"], stages, tau)
-        console.print(t)
+            rows.append([f"[{'green' if v == 'accept' else 'red'}]{v}[/]" if v else "", r["id"],
+                         r["name"], names.get(r["owner"], r["owner"]), r["status"], stages, tau])
+        console.print(make_table("runs", ("verdict", "id", "name", "owner", "status", "stages",
+                                          "tau (untrained)"), rows))
 
     @runs_app.command("show")
     def runs_show(run_id: str, json_out: bool = typer.Option(False, "--json",
@@ -169,7 +169,7 @@ def register(cli: typer.Typer) -> None:
                 d = c.add_dataset(name, file.resolve(), fmt)
             else:
                 if not file.is_file():
-                    console.print(f"[red]error[/red] {file}: no such file")
+                    print_error(f"{file}: no such file")
                     raise typer.Exit(2)
                 d = c.upload_dataset(file, name, fmt)
             console.print(f"dataset [bold]{d['id']}[/bold] ({d['status']})")

@@ -15,12 +15,54 @@ console = Console()
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
+def describe(e) -> str:
+    """An API failure in one line; a 401 says where the token comes from (issue 27)."""
+    text = str(e)
+    if getattr(e, "status", None) == 401:
+        import os
+        from pathlib import Path
+
+        home = Path(os.environ.get("DRAFTYARD_HOME") or Path.home() / ".draftyard").expanduser()
+        text += (f" (set DRAFTYARD_TOKEN to your token; the embedded server's admin token is "
+                 f"in {home / 'admin_token'}, under DRAFTYARD_HOME)")
+    return text
+
+
 def fail(e, code: int = 1) -> None:
     """An API failure as one red line, then exit `code`."""
     import typer
 
-    console.print(f"[red]error[/red] {e}")
+    print_error(describe(e))
     raise typer.Exit(code)
+
+
+def print_error(text: str) -> None:
+    """One line on the terminal (soft wrap: never broken at the terminal's width)."""
+    console.print(error_line(text), soft_wrap=True)
+
+
+def error_line(text: str):
+    """`error <text>`, the word red, the text as it is (no markup read from it)."""
+    from rich.text import Text
+
+    return Text.assemble(("error", "red"), " ", text)
+
+
+def read_text_file(path, option: str) -> str:
+    """A file the CLI sends as text (a chat template): one line naming the file when it
+    cannot be read, exit 2."""
+    import typer
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        why = "no such file"
+    except IsADirectoryError:
+        why = "is a folder, not a file"
+    except (OSError, UnicodeDecodeError) as e:
+        why = f"cannot be read: {e.__class__.__name__}: {getattr(e, 'strerror', None) or e}"
+    print_error(f"{option} {path}: {why}")
+    raise typer.Exit(2)
 
 
 def num(x) -> str:
@@ -72,10 +114,27 @@ def owner_names(client) -> dict[str, str]:
         return {}
 
 
-def jobs_table(jobs: list[dict], title: str = "jobs", names: dict | None = None) -> Table:
+ID_COLUMNS = frozenset({"id", "artifact"})
+
+
+def make_table(title: str, cols: tuple[str, ...], rows: list[list]) -> Table:
+    """A table whose id columns are never cut (issue 27: `job_01m8sbq…` cannot be copied):
+    they keep their full width, and the other columns wrap to fit the terminal."""
+    rows = [[("" if v is None else str(v)) for v in r] for r in rows]
     t = Table(title=title)
-    for c in ("id", "type", "status", "owner", "gpus", "progress", "reason / error"):
-        t.add_column(c)
+    for i, c in enumerate(cols):
+        if c in ID_COLUMNS:
+            width = max([len(c), *(len(r[i]) for r in rows)])
+            t.add_column(c, no_wrap=True, min_width=width, overflow="fold")
+        else:
+            t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def jobs_table(jobs: list[dict], title: str = "jobs", names: dict | None = None) -> Table:
+    rows = []
     for j in jobs:
         p = j.get("progress") or {}
         prog = (f"{p.get('done', 0):g}/{p.get('total') or '?'} {p.get('unit') or ''}"
@@ -84,8 +143,9 @@ def jobs_table(jobs: list[dict], title: str = "jobs", names: dict | None = None)
         gpus = ",".join(f"{g['node']}:{g['index']}" for g in j.get("gpus_assigned") or []) or str(
             j.get("gpus_requested", 0))
         owner = (names or {}).get(j.get("owner"), j.get("owner"))
-        t.add_row(j["id"], j["type"], j["status"], str(owner), gpus, prog, why[:80])
-    return t
+        rows.append([j["id"], j["type"], j["status"], owner, gpus, prog, why[:80]])
+    return make_table(title, ("id", "type", "status", "owner", "gpus", "progress",
+                              "reason / error"), rows)
 
 
 def follow_jobs(client, job_ids: list[str], labels: dict[str, str] | None = None,

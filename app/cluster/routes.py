@@ -1,7 +1,7 @@
 from __future__ import annotations
 
+from app.core.jsonresp import SafeJSONResponse
 from fastapi import APIRouter, Depends
-from fastapi.responses import ORJSONResponse
 from sqlalchemy.orm import Session
 
 from app.cluster import service
@@ -14,12 +14,12 @@ DB = Depends(request_session, scope="function")
 
 @router.get("/queue")
 def queue(user: Principal = Depends(current_user), session: Session = DB):
-    return ORJSONResponse(service.queue_view(session))
+    return SafeJSONResponse(service.queue_view(session))
 
 
 @router.get("/nodes")
 def nodes(user: Principal = Depends(current_user), session: Session = DB):
-    return ORJSONResponse({"data": service.nodes_view(session)})
+    return SafeJSONResponse({"data": service.nodes_view(session)})
 
 
 @router.post("/nodes/{name}/drain")

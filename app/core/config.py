@@ -51,6 +51,15 @@ class Settings(BaseSettings):
     # and TMPDIR; nothing a retry on another node needs (that stays under home, the shared
     # folder: app/cluster/shared.py). Empty: under the job's folder in home.
     scratch_dir: Path | None = None
+    # Storage (issue 23, app/storage/): an offline run's hidden states are deleted once its
+    # train succeeded and no live job needs them, unless kept (this default, or `keep` on the
+    # run or job); a failed or cancelled job's scratch (work/) is removed this long after it
+    # ended; a user's live artifact bytes plus the disk their waiting and running jobs will
+    # write may not pass the quota (0 = none); a reservation must leave this much free.
+    keep_hidden_states: bool = False
+    scratch_ttl_s: float = 3 * 86400.0
+    user_storage_quota_bytes: int = 0
+    disk_margin_bytes: int = 0
     # Preemption (issue 16): a job is preempted at most this often per hour, so a stream of
     # urgent jobs cannot keep one run restarting forever; a stage asked to yield gets this
     # long to checkpoint before SIGKILL.

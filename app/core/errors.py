@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse
+from app.core.jsonresp import SafeJSONResponse
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -112,7 +112,7 @@ def _loc_to_param(loc: tuple) -> str | None:
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError):
-        return ORJSONResponse(error_body(exc.code, exc.message, exc.param, exc.details),
+        return SafeJSONResponse(error_body(exc.code, exc.message, exc.param, exc.details),
                               status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
@@ -123,12 +123,12 @@ def install_handlers(app: FastAPI) -> None:
             # A free-form field past its bounds (contracts/bounds.py): named, never stored.
             param = _loc_to_param(tuple(bound.get("loc", ())))
             code = "invalid_value" if bound["type"] == "invalid_value" else bound["type"]
-            return ORJSONResponse(error_body(code, f"{param}: {bound.get('msg')}", param),
+            return SafeJSONResponse(error_body(code, f"{param}: {bound.get('msg')}", param),
                                   status_code=BOUND_ERRORS[bound["type"]])
         # A body that is not JSON at all is a 400; JSON of the wrong shape is a 422.
         if any(e.get("type") in ("json_invalid", "json_type") for e in errs):
             e = errs[0]
-            return ORJSONResponse(error_body("malformed_json", f"request body is not valid JSON: "
+            return SafeJSONResponse(error_body("malformed_json", f"request body is not valid JSON: "
                                              f"{e.get('msg')}", None,
                                              {"position": e.get("ctx", {}).get("error")}),
                                   status_code=400)
@@ -143,7 +143,7 @@ def install_handlers(app: FastAPI) -> None:
             msg = f"{param}: {msg}" if param else msg
         details = [{"param": _loc_to_param(tuple(e.get("loc", ()))), "message": e.get("msg"),
                     "type": e.get("type")} for e in errs]
-        return ORJSONResponse(error_body("invalid_spec", msg, param, details), status_code=422)
+        return SafeJSONResponse(error_body("invalid_spec", msg, param, details), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(req: Request, exc: StarletteHTTPException):
@@ -158,13 +158,13 @@ def install_handlers(app: FastAPI) -> None:
                      if any(r.matches({**req.scope, "method": m})[0] == Match.FULL
                             for r in req.app.router.routes)]
             headers["Allow"] = ", ".join(allow)
-        return ORJSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
+        return SafeJSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
                               headers=headers or None)
 
     @app.exception_handler(OperationalError)
     async def _db_down(_req: Request, exc: OperationalError):
         log.warning("database unavailable: %s", exc)
-        return ORJSONResponse(error_body("database_unavailable",
+        return SafeJSONResponse(error_body("database_unavailable",
                                          "the database is not reachable; try again"),
                               status_code=503)
 
@@ -173,7 +173,7 @@ def install_handlers(app: FastAPI) -> None:
         # A value the database cannot store (a NUL character in text or JSON, an integer out
         # of range): bad input, and the transaction was rolled back, so nothing is written.
         why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
-        return ORJSONResponse(error_body("invalid_value", f"a value cannot be stored: {why}"),
+        return SafeJSONResponse(error_body("invalid_value", f"a value cannot be stored: {why}"),
                               status_code=422)
 
     @app.exception_handler(ValidationError)
@@ -183,20 +183,20 @@ def install_handlers(app: FastAPI) -> None:
         log.warning("validation after the edge: %s", exc)
         first = exc.errors()[0]
         param = _loc_to_param(tuple(first.get("loc", ())))
-        return ORJSONResponse(error_body("invalid_spec", f"{param}: {first.get('msg')}", param),
+        return SafeJSONResponse(error_body("invalid_spec", f"{param}: {first.get('msg')}", param),
                               status_code=BOUND_ERRORS.get(str(first.get("type")), 422))
 
     @app.exception_handler(UnicodeEncodeError)
     async def _unencodable(_req: Request, exc: UnicodeEncodeError):
         # A lone surrogate ("\\ud800") in a typed string field: valid JSON, but neither the
         # database driver nor orjson can encode it. The transaction was rolled back.
-        return ORJSONResponse(error_body("invalid_value", "a string in the request is not valid "
+        return SafeJSONResponse(error_body("invalid_value", "a string in the request is not valid "
                                          "Unicode (a lone surrogate)"), status_code=422)
 
     @app.exception_handler(Exception)
     async def _unexpected(_req: Request, exc: Exception):
         # Never a traceback to the user; the log keeps it with the request id.
         log.exception("unhandled error")
-        return ORJSONResponse(error_body("internal_error", "an unexpected error occurred; it "
+        return SafeJSONResponse(error_body("internal_error", "an unexpected error occurred; it "
                                          "was logged with this request's X-Request-ID"),
                               status_code=500)

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import ORJSONResponse
+from fastapi.responses import JSONResponse
 
 log = logging.getLogger("draftyard.api")
 
@@ -20,10 +20,14 @@ def _placeholder(_o: Any) -> str:
     return "<unrenderable>"
 
 
-class SafeJSONResponse(ORJSONResponse):
+class SafeJSONResponse(JSONResponse):
+    """orjson's rendering (as FastAPI's ORJSONResponse did; that class is deprecated and
+    warned at every server start, issue 27) with the fallbacks below."""
+
     def render(self, content: Any) -> bytes:
         try:
-            return super().render(content)
+            return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS
+                                | orjson.OPT_SERIALIZE_NUMPY)
         except (orjson.JSONEncodeError, TypeError):
             pass
         log.warning("a response needed the slow JSON encoder (a stored value orjson refuses)")

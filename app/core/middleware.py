@@ -1,14 +1,16 @@
-"""X-Request-ID on every response (taken from the request when the client sent one), and the
-caps on request bodies."""
+"""X-Request-ID on every response (taken from the request when the client sent one), the
+caps on request bodies, and the access log's redaction of tokens in URLs."""
 
 from __future__ import annotations
 
+import logging
+import re
 import uuid
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.auth import bearer_principal
+from app.core.auth import TOKEN_PREFIX, bearer_principal
 from app.core.config import get_settings
 from app.core.errors import ApiError, error_body
 from app.core.jsonresp import SafeJSONResponse
@@ -144,3 +146,25 @@ async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, code:
     resp = SafeJSONResponse(error_body(code, message, "body" if status == 413 else None),
                             status_code=status, headers={"Connection": "close"})
     await resp(scope, receive, send)
+
+
+class RedactTokens(logging.Filter):
+    """Takes credentials out of the access log (uvicorn.access): a token a client put in the
+    URL (`?token=`, `access_token=`, `api_key=`..., or a `dy_...` token anywhere in the path)
+    is written as `[redacted]` (issue 26 item 7). Tokens belong in the Authorization header,
+    which is never logged."""
+
+    QUERY = re.compile(r"([?&](?:access_token|token|api_key|apikey|key|secret|password)=)"
+                       r"[^&\s\"]*", re.I)
+    TOKEN = re.compile(rf"{TOKEN_PREFIX}[A-Za-z0-9_-]{{16,}}")
+
+    def redact(self, text: str) -> str:
+        return self.TOKEN.sub("[redacted]", self.QUERY.sub(r"\1[redacted]", text))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(self.redact(a) if isinstance(a, str) else a
+                                for a in record.args)
+        elif isinstance(record.msg, str):
+            record.msg = self.redact(record.msg)
+        return True

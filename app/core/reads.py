@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import ORJSONResponse
+from app.core.jsonresp import SafeJSONResponse
 
 
-def typed(body: Any, status_code: int = 200) -> ORJSONResponse:
-    return ORJSONResponse(jsonable_encoder(body), status_code=status_code)
+def typed(body: Any, status_code: int = 200) -> SafeJSONResponse:
+    return SafeJSONResponse(jsonable_encoder(body), status_code=status_code)

@@ -306,6 +306,9 @@ function spark(series) {
   return `<svg width="${w}" height="${h}" style="vertical-align:middle"><polyline fill="none" stroke="#58a6ff" stroke-width="1.5" points="${pts.join(" ")}"/></svg>`;
 }
 
+// Views defined in their own files (storage.js), loaded before this one.
+if (typeof renderStorage === "function") { VIEWS.push("storage"); RENDER.storage = renderStorage; }
+
 async function draw(again) {
   const [v, arg] = location.hash.slice(1).split("/");
   view = VIEWS.includes(v) || v === "job" || v === "run" ? v : "runs";

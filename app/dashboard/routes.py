@@ -22,7 +22,7 @@ from app.core.errors import NotFound
 
 router = APIRouter(include_in_schema=False)
 HERE = Path(__file__).parent
-ASSETS = {"app.js": "text/javascript", "app.css": "text/css"}
+ASSETS = {"app.js": "text/javascript", "storage.js": "text/javascript", "app.css": "text/css"}
 # style-src-attr: the progress bars set their width in a style attribute (a number computed
 # by the script, never text from the API); everything else comes from this origin only.
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; "

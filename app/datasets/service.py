@@ -19,6 +19,7 @@ from app.core.auth import Principal
 from app.core.config import get_settings
 from app.core.db import after_commit
 from app.core.errors import Conflict, Invalid, NoSpace, NotFound, TooLarge
+from app.core.names import check_name_free
 from app.core.ids import new_id
 from app.core.paths import resolve_inside
 from app.jobs.lifecycle import StatusChanged
@@ -44,6 +45,7 @@ def _check_format(fmt: str) -> str:
 
 
 def _new(session: Session, user: Principal, name: str, source: dict, fmt: str | None) -> Dataset:
+    check_name_free(session, Dataset, user, name)
     ds = Dataset(id=new_id("ds"), name=name, owner_id=user.id, status="ingesting",
                  source=source, format=None if fmt in (None, "auto") else fmt)
     session.add(ds)

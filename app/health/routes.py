@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import asyncio
 
+from app.core.jsonresp import SafeJSONResponse
 from fastapi import APIRouter, Depends
-from fastapi.responses import ORJSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
@@ -37,7 +38,7 @@ async def readyz():
         return problems
     problems = await asyncio.to_thread(check)
     if problems:
-        return ORJSONResponse(error_body("not_ready", "dependencies unreachable: " +
+        return SafeJSONResponse(error_body("not_ready", "dependencies unreachable: " +
                                          ", ".join(problems), None, problems), status_code=503)
     return {"status": "ready"}
 

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from app.core.errors import Invalid
 from contracts.jobtypes import JOB_TYPES
 from contracts.probe import ProbeParams
+from contracts.target import looks_like_template_path, template_path_message
 
 
 def validate_params(type_: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -18,6 +19,10 @@ def validate_params(type_: str, params: dict[str, Any]) -> dict[str, Any]:
     set (defaults stay the stage's, so a stage version with new defaults is not hidden by
     values frozen at submit). Probe params are stored whole."""
     model = JOB_TYPES[type_].params
+    tmpl = params.get("chat_template") if isinstance(params, dict) else None
+    if isinstance(tmpl, str) and looks_like_template_path(tmpl):
+        raise Invalid(template_path_message(tmpl, "params.chat_template"),
+                      param="params.chat_template", code="template_is_a_path")
     try:
         return model.model_validate(params).model_dump(mode="json",
                                                        exclude_unset=model is not ProbeParams)

@@ -21,6 +21,9 @@ class JobCreate(BaseModel):
     inputs: JsonObject = Field(default_factory=dict)
     params: JsonObject = Field(default_factory=dict)
     force: bool = False
+    keep: bool | None = Field(
+        default=None, description="keep this job's intermediates and scratch after it ends "
+        "(retention, issue 23); null: the server's default")
     preemptible: bool | None = Field(
         default=None, description="may the scheduler stop this job (it checkpoints and is requeued) "
         "for a higher-priority one; default true for train, false otherwise; only train, "

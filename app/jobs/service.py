@@ -22,6 +22,7 @@ from app.jobs.preemption import recent
 from app.jobs.schemas import JobCreate
 from app.jobs.states import ACTIVE, TERMINAL, IllegalTransition, JobStatus, check
 from app.models import Artifact, Dataset, Gpu, GpuLease, Job, JobEvent, Target, User
+from app.storage.reserve import check_quota
 from app.users.service import check_priority
 from contracts.jobtypes import JOB_TYPES, RESUMABLE
 
@@ -215,6 +216,7 @@ def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: st
                       f"{', '.join(n for n, d in JOB_TYPES.items() if d.gpu)})", param="gpus",
                       code="cpu_only_type")
     preemptible = _preemptible(user, body.type.value, body.preemptible)
+    check_quota(session, user.id, user.name, f"a new {body.type.value} job")
     if validate_params is not None:
         body.params = validate_params(body.type.value, body.params)
     deps = check_inputs(session, body.type.value, body.inputs)
@@ -222,7 +224,7 @@ def create_job(session: Session, user: Principal, body: JobCreate, *, run_id: st
               status=S.pending.value, priority=body.priority, gpus_requested=body.gpus,
               inputs=body.inputs, params=body.params, depends_on=deps, force=body.force,
               run_id=run_id, run_stage=run_stage, max_attempts=get_settings().max_attempts,
-              preemptible=preemptible)
+              preemptible=preemptible, keep=body.keep)
     session.add(job)
     session.flush()
     add_event(session, job.id, "status", {"from": None, "to": S.pending.value})

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, ForeignKey, String, Text
+from sqlalchemy import BigInteger, ForeignKey, Index, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.models.base import Base, utcnow
@@ -10,6 +10,8 @@ from app.models.base import Base, utcnow
 
 class Target(Base):
     __tablename__ = "targets"
+    # A name is unique per owner (issue 27): run bodies and the CLI may name it.
+    __table_args__ = (Index("uq_targets_owner_name", "owner_id", "name", unique=True),)
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
@@ -31,6 +33,7 @@ class Target(Base):
 
 class Dataset(Base):
     __tablename__ = "datasets"
+    __table_args__ = (Index("uq_datasets_owner_name", "owner_id", "name", unique=True),)
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)

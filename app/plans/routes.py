@@ -2,8 +2,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 from app.core.auth import Principal, current_user
+from app.core.db import unit_of_work
 from app.plans import service
+from app.runs.names import with_ids
 from app.runs.schemas import RunCreate
+from app.storage.reserve import check_quota
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
@@ -11,4 +14,6 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
 @router.post("")
 def create_plan(body: RunCreate, user: Principal = Depends(current_user)):
     # No request session: the plan reads in its own short transaction, then runs for seconds.
-    return service.make_plan(body)
+    with unit_of_work(read_only=True) as s:
+        check_quota(s, user.id, user.name, "a plan")
+    return service.make_plan(with_ids(body, user))

@@ -23,6 +23,7 @@ from app.core.errors import Invalid, TooMany, Unavailable
 from app.jobs.inputs import Unresolved, resolve_ref, target_dict
 from app.models import Target
 from app.plans.nodes import gpu_node_warnings
+from app.plans.params import name_params
 from contracts.run import RunSpec
 from contracts.spec import StageSpec
 
@@ -51,7 +52,7 @@ def make_plan(body: RunSpec, free_bytes_override: int | None = None) -> dict:
     with plan_slot(s.home / "plans", s.max_concurrent_plans):
         plan = _run_plan(s, target, dataset, body, free_bytes_override)
     plan.setdefault("warnings", []).extend(gpu_node_warnings(body))
-    return plan
+    return name_params(plan, body)
 
 
 @contextmanager
@@ -119,5 +120,5 @@ def plan_or_refuse(body: RunSpec) -> dict:
         bad = [c for c in plan["checks"] if not c["ok"]]
         raise Invalid("the run's plan has errors: " + "; ".join(c["message"] for c in bad) +
                       " (set force_plan to start anyway)", code="plan_failed",
-                      details=plan)
+                      param=bad[0].get("param") or "body", details=plan)
     return plan

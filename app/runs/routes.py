@@ -5,15 +5,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.auth import Principal, current_user
-from app.core.db import request_session
+from app.core.db import request_session, unit_of_work
 from app.core.idempotency import idempotent, replay
 from app.core.pagination import Page, list_body, page_params, paginate
 from app.core.reads import typed
 from app.models import Run
 from app.plans.service import plan_or_refuse
 from app.runs import service
+from app.runs.names import with_ids
 from app.runs.report import build_report
 from app.runs.schemas import RunCreate, RunCreated, RunList, RunRead
+from app.storage.reserve import check_quota
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 DB = Depends(request_session, scope="function")
@@ -25,7 +27,10 @@ def create_run(body: RunCreate, user: Principal = Depends(current_user), session
     request = body.model_dump(mode="json")
     if idempotency_key and (done := replay(user, idempotency_key, request)) is not None:
         return done  # answered before: neither the plan nor the run again
+    body = with_ids(body, user)  # names where ids go (issue 27)
     chain = service.check_params(body)
+    with unit_of_work(read_only=True) as s:  # before the plan's seconds (create_job again)
+        check_quota(s, user.id, user.name, "a new run")
     # Before the request's transaction begins (the session opens it on first use): the plan
     # takes seconds and reads in its own short transaction.
     plan = plan_or_refuse(body)

@@ -64,7 +64,8 @@ def create_run(session: Session, user: Principal, body: RunSpec,
                     for k, v in sj.inputs.items()}
         job = jobs.create_job(session, user, JobCreate(
             type=JobType(sj.stage), name=f"{body.name}: {sj.stage}", priority=body.priority,
-            gpus=sj.gpus, inputs=resolved, params=sj.params, force=body.force),
+            gpus=sj.gpus, inputs=resolved, params=sj.params, force=body.force,
+            keep=body.keep),
             run_id=run.id, run_stage=sj.stage, validate_params=validate_params)
         made[sj.stage] = job.id
     return run

@@ -26,6 +26,7 @@ from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, GpuLease, Job
 from app.scheduler import preempt
 from app.scheduler.policy import Usage, Waiting, plan
+from app.storage import reserve
 from app.scheduler.reads import (GPUS, HELD, ID, NEEDS_FP, OWNER, PRIO, QAT, POS, REASON,
                                  STATUS, cpu_held, node_states, queued_in_order, recent_gpu_hours,
                                  waiting_rows)
@@ -179,17 +180,38 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
     # was released before this instant, so the lease history never shows a false overlap.
     now = utcnow()
     sent: list[tuple[str, str]] = []
-    for job_id, node, idx in (p.dispatch if time.monotonic() >= _broker_down_until else []):
+    todo = p.dispatch if time.monotonic() >= _broker_down_until else []
+    disk = _disk_check(session, todo, p.reasons)
+    for job_id, node, idx in todo:
+        if job_id in disk:
+            continue  # its disk reservation does not fit: it waits, with the reason
         if _dispatch(session, job_id, owners[job_id], node, idx, now):
             sent.append((job_id, f"gpu.{node}" if idx else "cpu"))
     dispatched(session, [j for j, _ in sent])  # announced like every other change
     if p.gpu_waits:
         _preempt(session, p, rows, nodes, now, cfg.preempt_max_per_hour)
     if with_reasons:
-        _write_reasons(session, p, rows, {j for j, _, _ in p.dispatch})
+        _write_reasons(session, p, rows, {j for j, _, _ in p.dispatch if j not in disk})
     if sent:
         after_commit(session, functools.partial(_send, sent))
     return [j for j, _ in sent]
+
+
+def _disk_check(session: Session, todo: list, reasons: dict[str, str]) -> set[str]:
+    """Reserve the disk of the jobs about to be placed (app/storage/reserve.py), in order;
+    returns the ones whose reservation does not fit, each with its reason."""
+    if not todo:
+        return set()
+    jobs = {j.id: j for j in session.scalars(select(Job).where(
+        Job.id.in_([t[0] for t in todo]), Job.type.in_(reserve.RESERVES)))}
+    if not jobs:
+        return set()
+    disk, refused = reserve.Disk(session), set()
+    for job_id, _node, _idx in todo:
+        if job_id in jobs and (why := disk.place(jobs[job_id])):
+            refused.add(job_id)
+            reasons[job_id] = why
+    return refused
 
 
 def _preempt(session: Session, p, rows, nodes, now, max_per_hour: int) -> None:

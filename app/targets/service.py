@@ -13,11 +13,12 @@ from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
 from app.core.config import get_settings
+from app.core.names import check_name_free
 from app.core.errors import Invalid, NotFound
 from app.core.ids import new_id
 from app.core.paths import resolve_inside, shown
 from app.models import Target
-from contracts.target import text_config
+from contracts.target import looks_like_template_path, template_path_message, text_config
 
 
 class GenerationTag(Extension):
@@ -71,6 +72,7 @@ def has_template(tok_dir: Path) -> bool:
 
 
 def create_target(session: Session, user: Principal, body) -> Target:
+    check_name_free(session, Target, user, body.name)
     s = get_settings()
     roots = s.roots("model")
     path = resolve_inside(body.path, roots, what="model", param="path", env="DRAFTYARD_MODEL_ROOTS")
@@ -79,6 +81,9 @@ def create_target(session: Session, user: Principal, body) -> Target:
     cfg = read_config(path, body.path)
     text_cfg = text_config(cfg)
     if body.chat_template is not None:
+        if looks_like_template_path(body.chat_template):
+            raise Invalid(template_path_message(body.chat_template), param="chat_template",
+                          code="template_is_a_path")
         check_template(body.chat_template)
     tmpl = body.chat_template
     t = Target(id=new_id("tgt"), name=body.name, owner_id=user.id, path=str(path),

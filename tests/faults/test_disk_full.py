@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -50,6 +49,17 @@ def test_disk_full_during_artifact_write_fails_once_cleanly_and_retry_succeeds(s
     (small_fs / "home").mkdir()
     try:
         fs.up()
+        # Another job's artifact, made before the disk fills: it must stay whole (issue 23).
+        small = data / "small.jsonl"
+        _records(small, 300)
+        with fs.client() as c:
+            r = c.post("/v1/datasets", json={"name": "small", "path": str(small)})
+        assert r.status_code == 201, r.text
+        fs.jobs.append(r.json()["job_id"])
+        other = fs.wait(lambda: (x := fs.get(f"/v1/datasets/{r.json()['id']}").json())[
+            "status"] != "ingesting" and x, 120, "the small ingest")
+        assert other["status"] == "ready", other
+        other_art = fs.get(f"/v1/artifacts/{other['artifact_id']}").json()
         src = data / "big.jsonl"
         _records(src, 8000)  # ~8 MB on the ordinary disk; its Parquet ~7 MB on the small one
         filler = small_fs / "filler"
@@ -68,8 +78,11 @@ def test_disk_full_during_artifact_write_fails_once_cleanly_and_retry_succeeds(s
         assert "No space left on device" in json.dumps(err), err
         print("error while the disk was full:", err["code"], err["message"][:200])
         assert err["code"] == "disk_full", err  # named as such, not a crash
-        assert not os.listdir(small_fs / "home" / "artifacts") \
-            if (small_fs / "home" / "artifacts").exists() else True
+        arts = small_fs / "home" / "artifacts"
+        assert [p.name for p in arts.glob("*/*")] == [other_art["id"]]  # only the other one
+        other_dir = Path(other_art["uri"])
+        assert all((other_dir / f["path"]).stat().st_size == f["bytes"]
+                   for f in other_art["files"])
         assert not list((small_fs / "home" / "jobs" / job_id).glob("out-*")), \
             "a half-written output was left behind"
         with fs.stack.engine().connect() as conn:
@@ -78,6 +91,12 @@ def test_disk_full_during_artifact_write_fails_once_cleanly_and_retry_succeeds(s
             assert not conn.execute(text("SELECT id FROM artifacts WHERE producer_job = :j"),
                                     {"j": job_id}).all()
 
+        # A delete needs no space: on the full disk the other dataset's artifact goes to a
+        # tombstone and its bytes are freed (issue 23).
+        with fs.client() as c:
+            r = c.delete(f"/v1/artifacts/{other_art['id']}")
+        assert r.status_code == 200 and r.json()["bytes_freed"] == other_art["bytes"], r.text
+        assert not other_dir.exists() and not (arts / ".trash" / other_art["id"]).exists()
         filler.unlink()  # the operator frees space; the job is retried
         t_end = time.monotonic()
         with fs.client() as c:

@@ -110,10 +110,10 @@ class Stack:
             self._engine = make_engine(self.db_url)
         return self._engine
 
-    def start_api(self) -> str:
+    def start_api(self, log_level: str = "warning") -> str:
         port = free_port()
         p = _Proc([sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
-                   "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                   "--host", "127.0.0.1", "--port", str(port), "--log-level", log_level],
                   self.home / "api.log", self.env)
         self.procs.append(p)
         self.url = f"http://127.0.0.1:{port}"

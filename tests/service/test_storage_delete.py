@@ -37,10 +37,10 @@ def _dataset(client, name: str) -> dict:
     return d
 
 
-def _waiting_prepare(client, target: dict, dataset_ref) -> dict:
+def _waiting_job(client, target: dict, dataset_ref) -> dict:
     """A job that needs the dataset and stays queued (no node has 64 GPUs)."""
-    return client.submit(type="prepare", gpus=64, inputs={"dataset": dataset_ref,
-                                                          "target": target["id"]})
+    return client.submit(type="generate", gpus=64, inputs={"dataset": dataset_ref,
+                                                           "target": target["id"]})
 
 
 def test_delete_refused_while_needed_then_tombstone_keeps_lineage(api, worker, member, target):
@@ -50,8 +50,8 @@ def test_delete_refused_while_needed_then_tombstone_keeps_lineage(api, worker, m
     art = api.get(f"/v1/artifacts/{art_id}").json()
     assert art["bytes"] > 0 and art["deleted_at"] is None and Path(art["uri"]).is_dir()
     # A run's later stage names an earlier one as {"job": ...}: that counts as needing it.
-    by_job = _waiting_prepare(member, target, {"job": d["job_id"]})
-    by_ds = _waiting_prepare(member, target, d["id"])
+    by_job = _waiting_job(member, target, {"job": d["job_id"]})
+    by_ds = _waiting_job(member, target, d["id"])
     other = api.post("/v1/users", {"name": f"o-{uuid.uuid4().hex[:6]}", "role": "member"})
     r = api.as_(other.json()["token"]).delete(f"/v1/artifacts/{art_id}")
     assert r.status_code == 403 and r.json()["error"]["code"] == "not_owner", r.text
@@ -107,7 +107,7 @@ def test_a_queued_job_whose_input_was_deleted_fails_naming_it(api, worker, membe
     from app.models import Artifact, Job
 
     d = _dataset(member, f"q-{uuid.uuid4().hex[:4]}")
-    j = _waiting_prepare(member, target, d["id"])
+    j = _waiting_job(member, target, d["id"])
     with unit_of_work() as s:
         a = s.get(Artifact, d["artifact_id"])
         a.deleted_at, a.deleted_by, a.bytes_freed = utcnow(), "retention", a.bytes

@@ -276,7 +276,7 @@ def test_bad_layer_id_names_the_valid_range(tmp_path, tiny_target, tok_q3):
             run_stage(make_spec(tmp_path, tokd, tiny_target, layer_ids=bad))
         assert e.value.code == "invalid_params"
         if bad == [2, 8]:  # against this target's range
-            assert "[0, 7]" in e.value.message
+            assert "layers 0..7" in e.value.message
         elif bad == [-1, 3]:  # invalid for any target: refused with the params, as the API does
             assert e.value.message.startswith("params.layer_ids: ")
             assert "[-1] out of range" in e.value.message

@@ -3,7 +3,7 @@ max_steps, and a warning when max_steps cannot be reached."""
 
 from __future__ import annotations
 
-from contracts import STAGE_PARAMS
+from contracts.train import TrainParams
 from tests.stages.test_plan_budget import _plan
 from workers.stages.plan_training import _bins, estimate_training
 
@@ -35,7 +35,7 @@ def test_steps_follow_records_epochs_and_max_steps_and_unreachable_max_steps_war
 
 def test_packing_and_scaling():
     assert _bins([100] * 10, 512) == 2 and _bins([600, 10], 512) == 2 and _bins([], 64) == 0
-    train = STAGE_PARAMS["train"].model_validate(
+    train = TrainParams.model_validate(
         {"drafter": {"type": "dflash"}, "seq_length": 256, "epochs": 1, "max_steps": 30})
     warnings: list[str] = []
     est = estimate_training({"train": train}, [100, 100], 3 * 10, warnings)

@@ -20,11 +20,8 @@ from typing import Any
 from contracts.extract import DEFAULT_MARGIN_BYTES  # noqa: F401  (re-exported)
 from workers.stages.common import StageError
 
-DTYPE_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4}
-TOKEN_ID_BYTES = 8            # token ids are stored as int64, as speculators compares them
-# A safetensors header for {hidden_states, token_ids} is ~150 bytes, padded to 8: the
-# allowance per file keeps the disk check honest for data sets of very short samples.
-FILE_OVERHEAD_BYTES = 256
+from contracts.storage import (DTYPE_SIZES, FILE_OVERHEAD_BYTES,  # noqa: F401 (re-exported)
+                               TOKEN_ID_BYTES, hidden_state_bytes, human_bytes)
 
 
 def dtype_size(dtype: str) -> int:
@@ -37,20 +34,10 @@ def dtype_size(dtype: str) -> int:
 
 def estimate_hidden_state_bytes(num_tokens: int, num_layers: int, hidden_size: int,
                                 dtype: str, num_samples: int = 0) -> int:
-    """Bytes on disk for `num_tokens` tokens: hidden states at `num_layers` stored layers
-    (aux layers + the last one) plus the token ids, plus a header allowance per sample file.
-    With num_samples=0 this is the theoretical minimum (payload only)."""
-    payload = num_tokens * (num_layers * hidden_size * dtype_size(dtype) + TOKEN_ID_BYTES)
-    return payload + num_samples * FILE_OVERHEAD_BYTES
-
-
-def human_bytes(n: int | float) -> str:
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
+    """Bytes on disk for `num_tokens` tokens (contracts/storage.py, which the scheduler's
+    disk reservation uses too). With num_samples=0 this is the payload only."""
+    return hidden_state_bytes(num_tokens, num_layers, hidden_size, dtype_size(dtype),
+                              num_samples)
 
 
 def _existing_ancestor(path: Path) -> Path:

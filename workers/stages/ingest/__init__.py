@@ -114,9 +114,10 @@ def run(spec: dict, ctx: StageContext) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t0, cpu0 = time.monotonic(), time.process_time()
     try:
-        source = Source(path)
+        source = Source(path, max_inflated_bytes=(spec.get("limits") or {}).get(
+            "max_decompressed_bytes"))
     except ReaderError as e:
-        raise StageError("ingest_failed", str(e)) from None
+        raise StageError(e.code, str(e)) from None
     ctx.progress(0, source.total, source.unit, stage="ingest", force=True)
 
     with source, open(out / "rejects.jsonl", "wb") as rej_fh:
@@ -125,7 +126,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
         try:
             head = _read_head(items)
         except ReaderError as e:
-            raise StageError("ingest_failed", str(e)) from None
+            raise StageError(e.code, str(e)) from None
         fmt = params.format
         if fmt == "auto":
             objs: list = []
@@ -136,7 +137,8 @@ def run(spec: dict, ctx: StageContext) -> dict:
                         f"no JSON object in the first {len(head)} records")
                 raise StageError("ingest_failed",
                                  f"{path.name}: unknown format: {what}; known formats: "
-                                 f"{', '.join(FORMATS)} (params.format forces one)")
+                                 f"{', '.join(FORMATS)} (force one: --format in the CLI, "
+                                 f"the form field or params.format in the API)")
         writer = ThreadedWriter(out, name)
         # Parsed JSON is acyclic, so reference counting frees every record; the cyclic GC
         # would only rescan the batches in flight again and again (measured: it doubles the
@@ -147,7 +149,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
             lines, per_format = _ingest(chain(head, items), fmt, params, name, source,
                                         writer, rejects, ctx)
         except ReaderError as e:
-            raise StageError("ingest_failed", str(e)) from None
+            raise StageError(e.code, str(e)) from None
         finally:
             try:
                 writer.close()

@@ -34,6 +34,36 @@ READ_BUF = 1 << 20    # read size of the JSON array scanner
 class ReaderError(Exception):
     """The file as a whole cannot be read (missing, corrupt stream, not a JSON array...)."""
 
+    code = "ingest_failed"
+
+
+class InflatesTooMuch(ReaderError):
+    code = "decompressed_too_large"
+
+
+class _Capped(io.RawIOBase):
+    """A decompressing stream that stops past `cap` inflated bytes: a file in the data roots
+    is held to the cap uploads are (DRAFTYARD_MAX_DECOMPRESSED_BYTES; issue 26 item 7)."""
+
+    def __init__(self, inner, cap: int, what: str):
+        self.inner, self.cap, self.what, self.seen = inner, cap, what, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self.inner.read(len(b))
+        self.seen += len(data)
+        if self.seen > self.cap:
+            raise InflatesTooMuch(f"{self.what} inflates past DRAFTYARD_MAX_DECOMPRESSED_BYTES "
+                                  f"({self.cap} bytes); nothing was ingested")
+        b[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.inner.close()
+        super().close()
+
 
 @dataclass(frozen=True)
 class Bad:
@@ -44,9 +74,11 @@ class Source:
     """An opened source file. Iterate for `(line, item)`; `done()`/`total` give progress in
     `unit` (compressed bytes consumed, or Parquet rows)."""
 
-    def __init__(self, path: str | Path, max_record_bytes: int = MAX_RECORD_BYTES):
+    def __init__(self, path: str | Path, max_record_bytes: int = MAX_RECORD_BYTES,
+                 max_inflated_bytes: int | None = None):
         self.path = Path(path)
         self.max_record_bytes = max_record_bytes
+        self.max_inflated_bytes = max_inflated_bytes
         try:
             self.total = self.path.stat().st_size
             self._raw = open(self.path, "rb")  # noqa: SIM115  closed in close()
@@ -72,6 +104,9 @@ class Source:
             self.total, self.unit = self._parquet.metadata.num_rows, "records"
             return
         self.compression, stream = _decompressor(magic, self._raw)
+        if self.compression and self.max_inflated_bytes is not None:
+            stream = io.BufferedReader(_Capped(stream, self.max_inflated_bytes, self.path.name),
+                                       STREAM_BUF)
         self._stream: Any = stream
         first = self._peek_first_byte()
         self.container = "json" if first == b"[" else "jsonl"
