@@ -36,7 +36,9 @@ from app.core.db import db_now, unit_of_work, utcnow
 from app.jobs.service import add_event
 from app.models import Job
 from app.scheduler.reaper import give_up_s
+from app.jobs.states import JobStatus as S
 from procgroup import Attempt, signal_group
+from workers.attempt import Attempt as JobAttempt
 
 log = logging.getLogger("draftyard.supervisor")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -115,15 +117,15 @@ class StageOutcome:
 
 
 class Supervisor:
-    def __init__(self, job_id: str, stage_type: str, spec_path: Path, job_dir: Path,
-                 events_path: Path, gpus: list[int], attempt: int | None = None):
-        self.job_id = job_id
-        self.attempt = attempt
-        self.type = stage_type
-        self.spec_path = spec_path
-        self.job_dir = job_dir
-        self.events_path = events_path
-        self.gpus = gpus
+    def __init__(self, att: JobAttempt):
+        """Supervise one attempt (workers/attempt.py: what to start, where it reports)."""
+        self.job_id = att.job_id
+        self.attempt: int | None = att.number
+        self.type = att.type
+        self.spec_path = att.spec_path
+        self.job_dir = att.job_dir
+        self.events_path = att.events_path
+        self.gpus = att.gpus
         self.settings = get_settings()
         self._events_pos = 0
         self._rate = _Rate()
@@ -133,7 +135,7 @@ class Supervisor:
         self.result: dict | None = None
         self.artifacts: list[dict] = []
         self.proc: subprocess.Popen | None = None
-        self.processes = Attempt(str(self.settings.home), job_id, attempt)
+        self.processes = Attempt(str(self.settings.home), att.job_id, att.number)
 
     # -- child process --------------------------------------------------------------------
     def start(self) -> None:
@@ -224,7 +226,7 @@ class Supervisor:
                             self.job_id, self.attempt)
                 self.kill()
                 return StageOutcome(-signal.SIGKILL, False, None, None, [], lost=True)
-            if status in ("cancelling", "cancelled", PREEMPTING) and cancel_at is None:
+            if status in (S.cancelling, S.cancelled, PREEMPTING) and cancel_at is None:
                 # The stage checkpoints on SIGTERM (train at its next step boundary).
                 cancel_at = now
                 preempted = status == PREEMPTING
@@ -287,10 +289,10 @@ class Supervisor:
         if row is None:
             return LOST
         status, attempt, preempt_by = row
-        if status not in ("running", "cancelling", "cancelled") or (
+        if status not in (S.running, S.cancelling, S.cancelled) or (
                 self.attempt is not None and attempt != self.attempt):
             return LOST
-        return PREEMPTING if status == "running" and preempt_by else status
+        return PREEMPTING if status == S.running and preempt_by else status
 
     def _apply(self, s, job: Job, ev: dict) -> None:
         kind, data = ev.get("kind"), ev.get("data") or {}
