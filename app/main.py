@@ -34,7 +34,7 @@ from app.wiring import wire
 def _check_storage() -> None:
     try:
         check_storage()
-    except Exception:  # noqa: BLE001  a DB not reachable yet: the next start checks again
+    except Exception:  # a DB not reachable yet: the next start checks again
         logging.getLogger("draftyard.storage").exception("storage check failed")
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._common import emit, result, scratch_database  # noqa: E402
-from procgroup import free_port  # noqa: E402
+from bench._common import emit, result, scratch_database
+from procgroup import free_port
 
 BARE = '''
 from fastapi import FastAPI

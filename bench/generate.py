@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import emit, result  # noqa: E402
+from bench._common import emit, result
 
 WORDS = ("the of and to in is for that with as on are this be by from it at an or which "
          "model token data train value function return list string number result error file "

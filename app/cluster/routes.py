@@ -1,34 +1,32 @@
 from __future__ import annotations
 
+from fastapi import APIRouter
+
 from app.core.jsonresp import SafeJSONResponse
-from fastapi import APIRouter, Depends
-from sqlalchemy.orm import Session
 
 from app.cluster import service
-from app.core.auth import Principal, current_user
-from app.core.db import request_session
+from app.core.deps import CurrentUser, SessionDep
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
-DB = Depends(request_session, scope="function")
 
 
 @router.get("/queue")
-def queue(user: Principal = Depends(current_user), session: Session = DB):
+def queue(user: CurrentUser, session: SessionDep):
     return SafeJSONResponse(service.queue_view(session))
 
 
 @router.get("/nodes")
-def nodes(user: Principal = Depends(current_user), session: Session = DB):
+def nodes(user: CurrentUser, session: SessionDep):
     return SafeJSONResponse({"data": service.nodes_view(session)})
 
 
 @router.post("/nodes/{name}/drain")
-def drain(name: str, user: Principal = Depends(current_user), session: Session = DB):
+def drain(name: str, user: CurrentUser, session: SessionDep):
     n = service.set_drain(session, user, name, True)
     return {"name": n.name, "draining": n.draining}
 
 
 @router.post("/nodes/{name}/undrain")
-def undrain(name: str, user: Principal = Depends(current_user), session: Session = DB):
+def undrain(name: str, user: CurrentUser, session: SessionDep):
     n = service.set_drain(session, user, name, False)
     return {"name": n.name, "draining": n.draining}

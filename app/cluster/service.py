@@ -12,7 +12,8 @@ from app.core.config import get_settings
 from app.core.db import db_now, utcnow
 from app.core.errors import Forbidden, NotFound
 from app.jobs.lifecycle import queue_changed
-from app.jobs.render import jobs_read
+from app.core.reads import plain
+from app.jobs.render import job_models
 from app.jobs.states import ACTIVE, WAITING
 from app.models import Gpu, Job, Node, User
 from app.scheduler.reads import usage_by_owner
@@ -104,12 +105,16 @@ def queue_view(session: Session) -> dict:
     counts = {o: (int(n), int(g or 0)) for o, n, g in session.execute(
         select(Job.owner_id, func.count(), func.sum(Job.gpus_requested))
         .where(Job.status.in_(WAITING)).group_by(Job.owner_id))}
-    users = sorted(set(usage) | set(counts))
+    # jobs running per owner (CPU jobs too: the table was empty while one ran, issue 27)
+    running: dict[str, int] = {}
+    for j in active:
+        running[j.owner_id] = running.get(j.owner_id, 0) + 1
+    users = sorted(set(usage) | set(counts) | set(running))
     return {
-        "running": jobs_read(session, active),
-        "waiting": jobs_read(session, waiting),
+        "running": plain(job_models(session, active)),
+        "waiting": plain(job_models(session, waiting)),
         "quota_gpus": get_settings().user_gpu_quota or None,
-        "users": [{"id": u, "name": names.get(u),
+        "users": [{"id": u, "name": names.get(u), "running": running.get(u, 0),
                    "gpus_held": usage[u].gpus_held if u in usage else 0,
                    "gpu_hours_24h": round(usage[u].gpu_hours, 4) if u in usage else 0.0,
                    "waiting": counts.get(u, (0, 0))[0],

@@ -66,7 +66,7 @@ def make_engine(url: str) -> Engine:
         event.listen(eng, "connect", _sqlite_pragmas)
 
         @event.listens_for(eng, "begin")
-        def _begin(conn):  # noqa: ANN001
+        def _begin(conn):
             # A transaction that may write takes the write lock at BEGIN, so read-then-write
             # transactions (the scheduler, compare-and-set claims) serialise instead of
             # failing on upgrade. A read-only one must not: with WAL it reads a snapshot
@@ -76,7 +76,7 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         @event.listens_for(eng, "connect")
-        def _no_pysqlite_begin(dbapi_conn, _rec):  # noqa: ANN001
+        def _no_pysqlite_begin(dbapi_conn, _rec):
             dbapi_conn.isolation_level = None
 
         return eng
@@ -121,7 +121,7 @@ def _run_after_commit(session: Session) -> None:
     for fn in hooks:
         try:
             fn()
-        except Exception:  # noqa: BLE001  a lost nudge is recovered by the periodic tick
+        except Exception:  # a lost nudge is recovered by the periodic tick
             log.exception("after-commit hook failed")
 
 

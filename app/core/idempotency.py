@@ -16,6 +16,7 @@ from app.core.auth import Principal
 from app.core.db import is_sqlite, unit_of_work, utcnow
 from app.core.errors import Conflict
 from app.core.jsonresp import SafeJSONResponse
+from app.core.reads import plain
 from app.models import IdempotencyKey
 
 TTL = timedelta(hours=24)
@@ -61,9 +62,10 @@ def _serialise(session: Session, user_id: str, key: str) -> None:
 
 def idempotent(session: Session, user: Principal, key: str | None, body: object,
                make: Callable[[], object], status_code: int = 201) -> SafeJSONResponse:
-    """Answer with `make()` once per (user, key); replay the stored answer afterwards."""
+    """Answer with `make()` (a read model) once per (user, key); replay the stored answer
+    afterwards."""
     if not key:
-        return SafeJSONResponse(jsonable_encoder(make()), status_code=status_code)
+        return SafeJSONResponse(jsonable_encoder(plain(make())), status_code=status_code)
     digest = _digest(body)
     _serialise(session, user.id, key[:200])
     row = session.get(IdempotencyKey, (user.id, key[:200]))
@@ -77,7 +79,7 @@ def idempotent(session: Session, user: Principal, key: str | None, body: object,
                            code="idempotency_key_reused", param="Idempotency-Key")
         return SafeJSONResponse(row.body, status_code=row.status_code,
                               headers={"Idempotent-Replayed": "true"})
-    out = jsonable_encoder(make())
+    out = jsonable_encoder(plain(make()))
     session.add(IdempotencyKey(user_id=user.id, key=key[:200], request_hash=digest,
                                status_code=status_code, body=out))
     session.flush()

@@ -1,18 +1,51 @@
-"""Typed reads: a route declares `response_model=` (what /openapi.json shows) and returns
-`typed(body)`, the body exactly as its handler built it.
+"""Typed reads: a route answers with its read model (`typed(JobRead(...))`), so a body that
+does not fit the model it declares is an error here, not a surprise for a client.
 
-Why not let FastAPI re-serialise through the model: pydantic writes a UTC datetime as `...Z`
-where the API has always sent `...+00:00` (API.md), and the hot read paths skip a second
-validation. tests/service/test_reads.py keeps models and bodies in step instead.
-"""
+Built and checked by pydantic, rendered by the API's one JSON encoder (SafeJSONResponse:
+orjson, which writes a datetime as `...+00:00` as API.md always has, and falls back for stored
+values orjson refuses). Rendering takes the validated values as they are (`plain`), not
+pydantic's serializer: a free-form field (inputs, params, metrics) is passed through whole,
+however deep, and a model writes exactly the keys that were set (a stage's progress keeps
+its own keys, no `null`s added)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi.encoders import jsonable_encoder
+from pydantic import BaseModel, ConfigDict
+
+from app.core.auth import Principal
 from app.core.jsonresp import SafeJSONResponse
+from app.core.paths import shown
 
 
-def typed(body: Any, status_code: int = 200) -> SafeJSONResponse:
-    return SafeJSONResponse(jsonable_encoder(body), status_code=status_code)
+class ReadModel(BaseModel):
+    """A response body (documentation in /openapi.json). `forbid`: a key the model does not
+    document is an error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def plain(v: Any) -> Any:
+    """A model as the plain values it holds: its set fields in declared order, then extras."""
+    if isinstance(v, BaseModel):
+        out = {k: plain(getattr(v, k)) for k in type(v).model_fields if k in v.model_fields_set}
+        out.update({k: plain(x) for k, x in (v.__pydantic_extra__ or {}).items()})
+        return out
+    if isinstance(v, list) and v and isinstance(v[0], BaseModel):
+        return [plain(x) for x in v]
+    if isinstance(v, dict) and v and isinstance(next(iter(v.values())), BaseModel):
+        return {k: plain(x) for k, x in v.items()}
+    return v
+
+
+def body_of(model: BaseModel, user: Principal | None = None) -> Any:
+    """The body of `model` as `user` may see it (a member: server folders as labels,
+    app/core/paths.shown); None: as it is."""
+    body = plain(model)
+    return shown(body, user) if user is not None else body
+
+
+def typed(model: BaseModel, status_code: int = 200, headers: dict[str, str] | None = None,
+          user: Principal | None = None) -> SafeJSONResponse:
+    return SafeJSONResponse(body_of(model, user), status_code=status_code, headers=headers)

@@ -42,7 +42,7 @@ async function api(path) {
 function askToken(why) {
   clearInterval(timer);
   document.getElementById("main").innerHTML = `<div class="card">
-    <p>${why ? esc(why) + ". " : ""}Paste an API token (<code>cat ~/.draftyard/admin_token</code>, or one from <code>POST /v1/users</code>).</p>
+    <p>${why ? esc(why) + ". " : ""}Paste an API token (the server's admin token: <code id="token-file">cat ${esc(document.body?.dataset?.tokenFile || "$DRAFTYARD_HOME/admin_token")}</code>, or a user's from <code>draftyard users add NAME</code>).</p>
     <input id="tok" type="password" placeholder="token"> <button id="save">Use it</button></div>`;
   document.getElementById("save").onclick = () => {
     token = document.getElementById("tok").value.trim();
@@ -75,12 +75,12 @@ const RENDER = {
   },
   async queue() {
     const [q, who] = await Promise.all([api("/v1/queue"), owners()]);
-    const users = q.users.map(u => `<tr><td>${esc(u.name || u.id)}</td><td>${u.gpus_held}</td>
+    const users = q.users.map(u => `<tr><td>${esc(u.name || u.id)}</td><td>${u.running ?? ""}</td><td>${u.gpus_held}</td>
       <td>${u.gpu_hours_24h}</td><td>${u.waiting}</td><td>${u.gpus_waiting}</td></tr>`).join("");
     return `<h3>running</h3>${jobTable(q.running, "Nothing running.", who)}
       <h3>waiting, in the order they will run</h3>${jobTable(q.waiting, "Nothing waiting.", who)}
       <h3>users${q.quota_gpus ? ` (quota ${q.quota_gpus} GPUs each)` : ""}</h3>
-      <table><tr><th>user</th><th>GPUs held</th><th>GPU-hours (24 h)</th><th>jobs waiting</th><th>GPUs waiting</th></tr>${users}</table>`;
+      <table id="queue-users"><tr><th>user</th><th>jobs running</th><th>GPUs held</th><th>GPU-hours (24 h)</th><th>jobs waiting</th><th>GPUs waiting</th></tr>${users}</table>`;
   },
   async nodes() {
     const nodes = (await api("/v1/nodes")).data;
@@ -97,7 +97,7 @@ const RENDER = {
     const ds = (await api("/v1/datasets?limit=100")).data;
     if (!ds.length) return `<p class="muted">No datasets yet: <code>POST /v1/datasets</code>.</p>`;
     return `<table><tr><th>dataset</th><th>status</th><th>format</th><th>records</th><th>rejected</th><th>prompt-only</th><th>created</th></tr>` +
-      ds.map(d => `<tr><td><b>${esc(d.name)}</b><br><span class="mono muted">${esc(d.id)}</span></td><td>${st(d.status)}</td>
+      ds.map(d => `<tr><td><b>${esc(d.name)}</b><br><span class="mono muted">${esc(d.id)}</span></td><td>${st(d.status)}${d.status === "failed" ? `<div class="prog err ds-error">${esc(d.error?.message || d.error?.code || "the ingest failed")}</div>` : ""}${d.job_id ? `<div class="prog"><a class="joblink" href="#job/${esc(d.job_id)}">${d.status === "failed" ? "the failed job" : "its job"} ${esc(d.job_id)}</a></div>` : ""}</td>
         <td>${esc(d.format || "")}</td><td>${d.num_records ?? ""}</td><td>${d.num_rejected ?? ""}</td>
         <td>${d.stats?.user_only ?? ""}</td><td class="muted">${ago(d.created_at)}</td></tr>`).join("") + `</table>`;
   },
@@ -105,26 +105,28 @@ const RENDER = {
     const [j, ev, logs, metrics] = await Promise.all([api(`/v1/jobs/${id}`),
       api(`/v1/jobs/${id}/events?limit=5000`), api(`/v1/jobs/${id}/logs?tail=60`).catch(() => ""),
       api(`/v1/jobs/${id}/metrics`).catch(() => ({}))]);
-    const charts = Object.entries(metrics || {}).filter(([, s]) => Array.isArray(s) && s.length > 1)
-      .map(([k, s]) => `<div><b>${esc(k)}</b> ${spark(s)} <span class="muted">last ${(+s[s.length - 1][1]).toPrecision(4)}</span></div>`).join("");
-    return `<div class="card"><b>${esc(j.type)}</b> ${esc(j.name || "")} <span class="mono muted">${esc(j.id)}</span> ${st(j.status)}
+    const charts = Object.entries(metrics || {}).filter(([, s]) => Array.isArray(s) && s.length > 0)
+      .map(([k, s]) => `<div class="spark-row"><b title="${esc(k)}">${esc(label(k))}</b> ${spark(s)} <span class="muted">last ${(+s[s.length - 1][1]).toPrecision(4)} (${s.length} point${s.length === 1 ? "" : "s"})</span></div>`).join("");
+    const who = await me();
+    return `<div class="card"><b>${esc(j.type)}</b> ${esc(j.name || "")} <span class="mono muted">${esc(j.id)}</span> ${st(j.status)}${j.held ? ' <span class="st pending">held</span>' : ""}
       <span class="muted">attempt ${j.attempt}${j.node ? " on " + esc(j.node) : ""}${j.gpus_assigned.length ? ", GPUs " + j.gpus_assigned.map(g => g.index).join(",") : ""}</span>
       ${j.pending_reason ? `<div class="muted">waiting: ${esc(j.pending_reason)}${j.queue_position != null ? " (position " + j.queue_position + ")" : ""}</div>` : ""}
       ${j.error ? `<div class="err">${esc(j.error.code)}: ${esc(j.error.message)}</div>` : ""}
       ${progress(j.progress, j.status)}
       ${j.outputs.length ? `<div>outputs: ${j.outputs.map(a => `<code>${esc(a)}</code>`).join(" ")}</div>` : ""}
-      ${j.reused_from ? `<div class="muted">reused from ${esc(j.reused_from)}</div>` : ""}</div>
+      ${j.reused_from ? `<div class="muted">reused from ${esc(j.reused_from)}</div>` : ""}
+      ${jobActions(j, who)}</div>
       ${charts ? `<div class="card">${charts}</div>` : ""}
       ${failures(j)}
-      ${Object.keys(j.metrics_summary).length ? `<div class="card"><pre>${esc(JSON.stringify(j.metrics_summary, null, 2))}</pre></div>` : ""}
+      ${summary(j.metrics_summary)}
       <div class="card"><b>events</b><pre>${ev.data.slice(-40).map(e => `${e.at?.slice(11, 19) ?? ""} ${e.kind.padEnd(8)} ${esc(JSON.stringify(e.data))}`).join("\n")}</pre></div>
-      <div class="card"><b>log</b><pre>${esc(logs)}</pre></div>`;
+      <div class="card"><b>log</b> <span class="muted">${ENDED.includes(j.status) ? "last 60 lines" : "live: the last 60 lines, every 2 s"}</span><pre id="log-tail">${esc(logs)}</pre></div>`;
   },
   // The run report people read (GET /v1/runs/{id}/report, app/runs/report.py): verdict
   // first, tau trained vs untrained, acceptance per position, training curves, the evaluate
   // plot, the serve command, and where every artifact came from.
   async run(id) {
-    const r = await api(`/v1/runs/${id}/report`);
+    const [r, runObj, who] = await Promise.all([api(`/v1/runs/${id}/report`), api(`/v1/runs/${id}`), me()]);
     const ev = r.evaluation || {}, run = r.run;
     RUN_DONE = ["succeeded", "failed", "cancelled"].includes(run.status) ? id : null;
     const f2 = x => typeof x === "number" ? x.toFixed(2) : "–";
@@ -170,12 +172,13 @@ const RENDER = {
         <td>${esc(a.dataset.name || a.dataset.id || "–")}</td>
         <td class="mono" title="${esc(a.chat_template_sha256 || "")}">${esc((a.chat_template_sha256 || "–").slice(0, 12))}</td>
         <td>${esc(a.target.name || a.target.id || "–")}</td></tr>`).join("")}</table></div>`;
-    const stages = `<div class="stages">${r.stages.map(s => `<a class="stage" href="#job/${esc(s.job_id)}"><b>${esc(s.stage)}</b> ${st(s.status)}
+    const held = Object.fromEntries(runObj.jobs.map(j => [j.id, j.held]));
+    const stages = `<div class="stages">${r.stages.map(s => `<a class="stage" href="#job/${esc(s.job_id)}"><b>${esc(s.stage)}</b> ${st(s.status)}${held[s.job_id] ? ' <span class="muted">held</span>' : ""}
         <span class="muted">attempt ${s.attempt}</span>${s.error ? `<div class="prog err">${esc(s.error.code)}</div>` : ""}</a>`).join("")}</div>`;
     return `<div class="card"><b style="font-size:16px">${esc(run.name)}</b> <span class="mono muted">${esc(run.id)}</span> ${st(run.status)}
         <div class="muted">owner <b id="run-owner">${esc(run.owner.name || run.owner.id)}</b> · ${esc(run.drafter_type || "")} drafter for
         <b>${esc(r.target.name || r.target.id)}</b> on <b>${esc(r.dataset.name || r.dataset.id)}</b> · started ${ago(run.created_at)}</div>
-        <div style="margin-top:8px">${stages}</div></div>
+        <div style="margin-top:8px">${stages}</div>${runActions(run, runObj.jobs, who)}</div>
       ${verdict}${taus}
       <div class="card">${perPos}</div>
       ${curves}
@@ -297,13 +300,42 @@ function jobTable(jobs, empty, who = {}) {
       <td>${progress(j.progress, j.status)}</td><td class="muted">${ago(j.created_at)}</td></tr>`).join("") + `</table>`;
 }
 
+// A sparkline that stays inside its own box whatever the number of points (issue 27: 2-3
+// points drew across the neighbouring rows): a fixed viewBox with a margin, overflow hidden,
+// a dot on every point when there are few, one point drawn as a dot.
 function spark(series) {
-  const w = 220, h = 36;
-  series = series.map((p, i) => [p[0] ?? i, +p[1]]);
-  const xs = series.map(p => +p[0]), ys = series.map(p => p[1]);
+  const w = 220, h = 36, m = 4;
+  series = series.map((p, i) => Array.isArray(p) ? [+(p[0] ?? i), +p[1]] : [i, +p]).filter(p => isFinite(p[0]) && isFinite(p[1]));
+  if (!series.length) return "";
+  const xs = series.map(p => p[0]), ys = series.map(p => p[1]);
   const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
-  const pts = series.map(p => `${((p[0] - x0) / (x1 - x0 || 1) * w).toFixed(1)},${(h - (p[1] - y0) / (y1 - y0 || 1) * h).toFixed(1)}`);
-  return `<svg width="${w}" height="${h}" style="vertical-align:middle"><polyline fill="none" stroke="#58a6ff" stroke-width="1.5" points="${pts.join(" ")}"/></svg>`;
+  const px = x => x1 === x0 ? w / 2 : m + (x - x0) / (x1 - x0) * (w - 2 * m);
+  const py = y => y1 === y0 ? h / 2 : h - m - (y - y0) / (y1 - y0) * (h - 2 * m);
+  const pts = series.map(p => [px(p[0]).toFixed(1), py(p[1]).toFixed(1)]);
+  const line = pts.length > 1 ? `<polyline fill="none" stroke="#58a6ff" stroke-width="1.5" points="${pts.map(p => p.join(",")).join(" ")}"/>` : "";
+  const dots = pts.length <= 3 ? pts.map(([x, y]) => `<circle cx="${x}" cy="${y}" r="2.5" fill="#58a6ff"/>`).join("") : "";
+  return `<svg class="spark" width="${w}" height="${h}" viewBox="0 0 ${w} ${h}" overflow="hidden">${line}${dots}</svg>`;
+}
+
+// User-facing names for stage measures (issue 27: chips said tau_sim_baseline).
+const LABELS = {tau: "tau (tokens per target forward)", tau_sim: "simulated tau (teacher-forced)",
+  tau_baseline: "untrained drafter's tau", tau_sim_baseline: "untrained drafter's simulated tau",
+  verdict: "verdict", verdict_reason: "why", evaluated_on: "evaluated on",
+  oov_share: "reference tokens outside the draft vocabulary", oov_reference_share: "reference tokens outside the draft vocabulary",
+  acceptance_rate_per_position: "acceptance per draft position", held_out: "records held out", train: "records to train on",
+  records: "records", num_records: "records", num_rejected: "rejected records", steps: "optimizer steps",
+  total_steps: "planned steps", initial_loss: "first loss", final_loss: "last loss", loss: "training loss",
+  val_loss: "validation loss", seconds: "seconds", seed: "seed"};
+const label = k => LABELS[k] || (/^acc_(\d+)$/.test(k) ? `accuracy at position ${k.slice(4)}` : k.replace(/_/g, " "));
+
+function summary(m) {
+  if (!m || !Object.keys(m).length) return "";
+  const val = v => typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(4))
+    : Array.isArray(v) && v.every(x => typeof x === "number") ? v.map(x => x.toFixed(2)).join(" · ")
+    : typeof v === "object" && v !== null ? JSON.stringify(v) : String(v ?? "–");
+  return `<div class="card"><b>summary</b><table id="summary">${Object.entries(m).map(([k, v]) =>
+    `<tr><th title="${esc(k)}">${esc(label(k))}</th><td>${esc(val(v))}</td></tr>`).join("")}</table>
+    <details><summary class="muted">as JSON</summary><pre>${esc(JSON.stringify(m, null, 2))}</pre></details></div>`;
 }
 
 // Views defined in their own files (storage.js), loaded before this one.
@@ -318,6 +350,8 @@ async function draw(again) {
     const html = await RENDER[view](arg);
     const main = document.getElementById("main");
     main.innerHTML = html;
+    const tail = main.querySelector("#log-tail");
+    if (tail) tail.scrollTop = tail.scrollHeight;  // the newest lines in view
     await afterRender(main);
   } catch (e) {
     if (e.message !== "401") document.getElementById("main").innerHTML = `<p class="err">${esc(e.message)}</p>`;

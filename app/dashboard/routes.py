@@ -11,6 +11,7 @@ load nothing from a CDN."""
 
 from __future__ import annotations
 
+import html
 from functools import cache
 from pathlib import Path
 
@@ -18,11 +19,13 @@ from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
+from app.core.config import get_settings
 from app.core.errors import NotFound
 
 router = APIRouter(include_in_schema=False)
 HERE = Path(__file__).parent
-ASSETS = {"app.js": "text/javascript", "storage.js": "text/javascript", "app.css": "text/css"}
+ASSETS = {"app.js": "text/javascript", "storage.js": "text/javascript",
+          "actions.js": "text/javascript", "app.css": "text/css"}
 # style-src-attr: the progress bars set their width in a style attribute (a number computed
 # by the script, never text from the API); everything else comes from this origin only.
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; "
@@ -39,7 +42,11 @@ def _asset(name: str) -> bytes:
 
 @router.get("/ui")
 def dashboard() -> HTMLResponse:
-    return HTMLResponse(_asset("index.html"), headers=UI_HEADERS)
+    # The token prompt names the server's real token file (issue 27: it said
+    # ~/.draftyard/admin_token whatever DRAFTYARD_HOME was).
+    tok = html.escape(str(get_settings().home / "admin_token"), quote=True)
+    page = _asset("index.html").replace(b"<body>", f'<body data-token-file="{tok}">'.encode())
+    return HTMLResponse(page, headers=UI_HEADERS)
 
 
 @router.get("/ui/{name}")

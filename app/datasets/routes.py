@@ -1,26 +1,21 @@
 from __future__ import annotations
 
 import orjson
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from app.core.auth import Principal, current_user
+from app.core.auth import current_user
 from app.core.config import get_settings
-from app.core.db import request_session
+from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.errors import BadRequest, Invalid
 from app.core.idempotency import idempotent
-from app.core.pagination import Page, list_body, page_params, paginate
-from app.core.reads import typed
+from app.core.reads import body_of, typed
 from app.datasets import service
 from app.datasets.rejects import rejects_page
 from app.datasets.schemas import DatasetList, DatasetRead
-from app.models import Dataset
 from contracts.inputs import MixSource
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
-DB = Depends(request_session, scope="function")
 
 
 class DatasetFromPath(BaseModel):
@@ -50,7 +45,7 @@ UPLOAD_BODY = {"requestBody": {"required": True, "content": {
 
 
 @router.post("", status_code=201, openapi_extra=UPLOAD_BODY)
-async def create_dataset(request: Request, session: Session = DB):
+async def create_dataset(request: Request, session: SessionDep):
     # The token is checked here, not as a dependency: an upload only after it (no one streams
     # gigabytes to be told 401), a JSON body only once it parses (malformed JSON is a 400
     # before a 401, as on the routes whose body FastAPI reads).
@@ -69,7 +64,7 @@ async def create_dataset(request: Request, session: Session = DB):
 
         d = await asyncio.to_thread(service.from_upload, session, user, name, upload.filename,
                                     upload.file, fmt)
-        return service.dataset_read(d)
+        return body_of(DatasetRead.of(d), user)
     try:
         data = orjson.loads(await request.body())
     except orjson.JSONDecodeError as e:
@@ -83,41 +78,39 @@ async def create_dataset(request: Request, session: Session = DB):
         msg = f"unknown field '{loc}'" if err["type"] == "extra_forbidden" else f"{loc}: {err['msg']}"
         raise Invalid(msg, param=loc) from e
     key = request.headers.get("idempotency-key")
-    return idempotent(session, user, key, body.model_dump(), lambda: service.dataset_read(
-        service.from_path(session, user, body.name, body.path, body.format)))
+    return idempotent(session, user, key, body.model_dump(), lambda: body_of(DatasetRead.of(
+        service.from_path(session, user, body.name, body.path, body.format)), user))
 
 
 @router.post("/mix", status_code=201, response_model=DatasetRead)
-def mix(body: MixCreate, user: Principal = Depends(current_user), session: Session = DB,
+def mix(body: MixCreate, user: CurrentUser, session: SessionDep,
         idempotency_key: str | None = Header(None)):
     return idempotent(session, user, idempotency_key, body.model_dump(),
-                      lambda: service.dataset_read(service.mix(session, user, body)))
+                      lambda: body_of(DatasetRead.of(service.mix(session, user, body)), user))
 
 
 @router.get("", response_model=DatasetList)
-def list_datasets(status: str | None = None, page: Page = Depends(page_params),
-                  user: Principal = Depends(current_user), session: Session = DB):
-    stmt = select(Dataset)
-    if status:
-        stmt = stmt.where(Dataset.status == status)
-    rows, more, nxt = paginate(session, stmt, Dataset.id, page)
-    return typed(list_body([service.dataset_read(d) for d in rows], more, nxt))
+def list_datasets(*, status: str | None = None, page: PageDep,
+                  user: CurrentUser, session: SessionDep):
+    rows, more, nxt = service.list_datasets(session, page, status=status)
+    return typed(DatasetList(data=[DatasetRead.of(d) for d in rows], has_more=more,
+                             next_after=nxt), user=user)
 
 
 @router.get("/{ds_id}", response_model=DatasetRead)
-def get_dataset(ds_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return typed(service.dataset_read(service.get_dataset(session, ds_id)))
+def get_dataset(ds_id: str, user: CurrentUser, session: SessionDep):
+    return typed(DatasetRead.of(service.get_dataset(session, ds_id)), user=user)
 
 
 @router.get("/{ds_id}/rejects")
-def get_rejects(ds_id: str, limit: int = Query(100, ge=1, le=1000), after: str | None = None,
-                user: Principal = Depends(current_user), session: Session = DB):
+def get_rejects(*, ds_id: str, limit: int = Query(100, ge=1, le=1000), after: str | None = None,
+                user: CurrentUser, session: SessionDep):
     """The dataset's rejected input records, `{"line", "reason"}` in input order, a page at
     a time (docs/API-additions.md, issue 22)."""
     return rejects_page(session, service.get_dataset(session, ds_id), limit, after)
 
 
 @router.delete("/{ds_id}", status_code=204)
-def delete_dataset(ds_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def delete_dataset(ds_id: str, user: CurrentUser, session: SessionDep):
     service.delete_dataset(session, user, service.get_dataset(session, ds_id))
     return Response(status_code=204)

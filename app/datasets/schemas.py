@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from app.jobs.schemas import ReadModel
+from app.core.reads import ReadModel
+from app.models import Dataset
 
 
 class DatasetRead(ReadModel):
@@ -23,6 +24,14 @@ class DatasetRead(ReadModel):
     error: dict[str, Any] | None
     created_at: datetime
     owner: str
+
+    @classmethod
+    def of(cls, d: Dataset) -> DatasetRead:
+        return cls(id=d.id, name=d.name, status=d.status, format=d.format,
+                   num_records=d.num_records, num_rejected=d.num_rejected,
+                   rejected_sample=d.rejected_sample or [], stats=d.stats or {},
+                   artifact_id=d.artifact_id, job_id=d.job_id, source=d.source, error=d.error,
+                   created_at=d.created_at, owner=d.owner_id)
 
 
 class DatasetList(ReadModel):

@@ -21,6 +21,7 @@ from app.core.db import after_commit
 from app.core.errors import Conflict, Invalid, NoSpace, NotFound, TooLarge
 from app.core.names import check_name_free
 from app.core.ids import new_id
+from app.core.pagination import Page, paginate
 from app.core.paths import resolve_inside
 from app.jobs.lifecycle import StatusChanged
 from app.jobs.schemas import JobCreate
@@ -123,7 +124,7 @@ def _inflating_reader(path: Path) -> Any:
     if magic[:4] == b"\x28\xb5\x2f\xfd":
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"),  # noqa: SIM115
+        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"),
                                                           read_across_frames=True, closefd=True)
     if magic[:3] == b"BZh":
         return bz2.open(path, "rb")
@@ -145,7 +146,7 @@ def inflated_size(path: Path, cap: int) -> int:
                 total += len(chunk)
         except (OSError, EOFError, ValueError, lzma.LZMAError):
             pass
-        except Exception as e:  # noqa: BLE001  zstandard.ZstdError: a corrupt stream too
+        except Exception as e:  # zstandard.ZstdError: a corrupt stream too
             if type(e).__module__.split(".")[0] != "zstandard":
                 raise
     return total
@@ -195,6 +196,13 @@ def on_job_status(session: Session, ev: StatusChanged) -> None:
         ds.status = "ingesting"
 
 
+def list_datasets(session: Session, page: Page, *, status: str | None = None):
+    stmt = select(Dataset)
+    if status:
+        stmt = stmt.where(Dataset.status == status)
+    return paginate(session, stmt, Dataset.id, page)
+
+
 def get_dataset(session: Session, ds_id: str) -> Dataset:
     d = session.get(Dataset, ds_id)
     if d is None:
@@ -225,10 +233,3 @@ def delete_dataset(session: Session, user: Principal, d: Dataset) -> None:
     after_commit(session, lambda: shutil.rmtree(upload, ignore_errors=True))
     session.delete(d)
 
-
-def dataset_read(d: Dataset) -> dict:
-    return {"id": d.id, "name": d.name, "status": d.status, "format": d.format,
-            "num_records": d.num_records, "num_rejected": d.num_rejected,
-            "rejected_sample": d.rejected_sample or [], "stats": d.stats or {},
-            "artifact_id": d.artifact_id, "job_id": d.job_id, "source": d.source,
-            "error": d.error, "created_at": d.created_at, "owner": d.owner_id}

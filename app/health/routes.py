@@ -2,15 +2,16 @@ from __future__ import annotations
 
 import asyncio
 
-from app.core.jsonresp import SafeJSONResponse
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from fastapi.responses import Response
+
+from app.core.jsonresp import SafeJSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from app.core.auth import Principal, current_user
 from app.core.broker import ping_broker
 from app.core.db import get_engine
+from app.core.deps import CurrentUser
 from app.core.errors import error_body
 from app.core.metrics import refresh
 
@@ -44,6 +45,6 @@ async def readyz():
 
 
 @router.get("/metrics")
-def metrics(user: Principal = Depends(current_user)):
+def metrics(user: CurrentUser):
     refresh()
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,59 +1,59 @@
-"""Job -> API object (one place, used by jobs, runs and queue views)."""
+"""Job -> its read model (one place, used by the jobs, runs and queue views)."""
 
 from __future__ import annotations
+
+from datetime import datetime, timezone
 
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import utcnow
+from app.jobs.preemption import HOUR_S, recent
+from app.jobs.schemas import JobRead, PreemptionRead
 from app.jobs.service import gpus_of
 from app.jobs.states import ACTIVE, WAITING
 from app.jobs.states import JobStatus as S
 from app.models import Job
-from app.jobs.preemption import HOUR_S, recent
 
 
-def preemption_read(job: Job) -> dict | None:
+def preemption_of(job: Job) -> PreemptionRead | None:
     """Why the job was last preempted, how often lately, and when it may resume (and be
     preempted again: not while it was preempted preempt_max_per_hour times within an hour)."""
     p = job.preemption
     if not p:
         return None
-    from datetime import datetime, timezone
-
     hist = recent(p.get("history"), utcnow().timestamp())
     cap = get_settings().preempt_max_per_hour
-    out = {k: p.get(k) for k in ("by", "by_priority", "by_owner", "at", "attempt", "node",
-                                 "reason")}
-    out["count_last_hour"] = len(hist)
-    out["protected_until"] = (datetime.fromtimestamp(min(hist) + HOUR_S, timezone.utc)
-                              if len(hist) >= cap else None)
+    out = PreemptionRead(
+        by=p.get("by"), by_priority=p.get("by_priority"), by_owner=p.get("by_owner"),
+        at=p.get("at"), attempt=p.get("attempt"), node=p.get("node"), reason=p.get("reason"),
+        count_last_hour=len(hist),
+        protected_until=(datetime.fromtimestamp(min(hist) + HOUR_S, timezone.utc)
+                         if len(hist) >= cap else None))
     if job.status in WAITING:
-        out["may_resume"] = (f"as soon as {job.gpus_requested} GPUs are free on one node "
-                             "(it keeps its place in the queue and resumes from its last "
-                             "checkpoint); now: " + (job.pending_reason or "being scheduled"))
+        out.may_resume = (f"as soon as {job.gpus_requested} GPUs are free on one node "
+                          "(it keeps its place in the queue and resumes from its last "
+                          "checkpoint); now: " + (job.pending_reason or "being scheduled"))
     return out
 
 
-def job_read(job: Job, gpus: list[dict] | None = None) -> dict:
-    err = job.error
-    return {
-        "id": job.id, "type": job.type, "name": job.name, "owner": job.owner_id,
-        "status": job.status, "priority": job.priority, "gpus_requested": job.gpus_requested,
-        "gpus_assigned": gpus or [], "held": job.held, "node": job.node,
-        "queue_position": job.queue_position if job.status in WAITING else None,
-        "pending_reason": job.pending_reason if job.status in WAITING else None,
-        "inputs": job.inputs, "params": job.params, "progress": job.progress,
-        "outputs": job.outputs, "metrics_summary": job.metrics_summary or {},
-        "error": err, "attempt": job.attempt, "reused_from": job.reused_from,
-        "created_at": job.created_at, "started_at": job.started_at,
-        "finished_at": job.finished_at, "run_id": job.run_id, "run_stage": job.run_stage,
-        "preemptible": job.preemptible,
-        "preempting_for": job.preempt_by if job.status == S.running else None,
-        "preemption": preemption_read(job),
-    }
+def job_model(job: Job, gpus: list[dict] | None = None) -> JobRead:
+    waiting = job.status in WAITING
+    return JobRead(
+        id=job.id, type=job.type, name=job.name, owner=job.owner_id, status=job.status,
+        priority=job.priority, gpus_requested=job.gpus_requested, gpus_assigned=gpus or [],
+        held=job.held, node=job.node,
+        queue_position=job.queue_position if waiting else None,
+        pending_reason=job.pending_reason if waiting else None,
+        inputs=job.inputs, params=job.params, progress=job.progress, outputs=job.outputs,
+        metrics_summary=job.metrics_summary or {}, error=job.error, attempt=job.attempt,
+        reused_from=job.reused_from, created_at=job.created_at, started_at=job.started_at,
+        finished_at=job.finished_at, run_id=job.run_id, run_stage=job.run_stage,
+        preemptible=job.preemptible,
+        preempting_for=job.preempt_by if job.status == S.running else None,
+        preemption=preemption_of(job))
 
 
-def jobs_read(session: Session, jobs: list[Job]) -> list[dict]:
+def job_models(session: Session, jobs: list[Job]) -> list[JobRead]:
     g = gpus_of(session, [j.id for j in jobs if j.status in ACTIVE])
-    return [job_read(j, g.get(j.id)) for j in jobs]
+    return [job_model(j, g.get(j.id)) for j in jobs]

@@ -4,88 +4,85 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
-from sqlalchemy.orm import Session
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.core.auth import Principal, current_user
-from app.core.db import request_session, unit_of_work
-from app.core.jsonresp import SafeJSONResponse
+from app.core.db import unit_of_work
+from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.idempotency import idempotent
-from app.core.pagination import Page, list_body, page_params
+from app.core.jsonresp import SafeJSONResponse
 from app.core.reads import typed
 from app.jobs import logs, service
 from app.jobs.params import validate_params
-from app.jobs.render import job_read, jobs_read
+from app.jobs.render import job_model, job_models
 from app.jobs.schemas import JobCreate, JobList, JobRead, PreemptibleUpdate, PriorityUpdate
 from app.jobs.states import TERMINAL
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-DB = Depends(request_session, scope="function")
 
 
 @router.post("", status_code=201, response_model=JobRead)
-def create_job(body: JobCreate, user: Principal = Depends(current_user), session: Session = DB,
+def create_job(body: JobCreate, user: CurrentUser, session: SessionDep,
                idempotency_key: str | None = Header(None)):
     def make():
         job = service.create_job(session, user, body, validate_params=validate_params)
-        return job_read(job)
+        return job_model(job)
     return idempotent(session, user, idempotency_key, body.model_dump(mode="json"), make)
 
 
 @router.get("", response_model=JobList)
-def list_jobs(status: str | None = None, type: str | None = None, owner: str | None = None,  # noqa: A002
-              run_id: str | None = None, page: Page = Depends(page_params),
-              user: Principal = Depends(current_user), session: Session = DB):
+def list_jobs(*, status: str | None = None, type: str | None = None, owner: str | None = None,  # noqa: A002
+              run_id: str | None = None, page: PageDep,
+              user: CurrentUser, session: SessionDep):
     rows, more, nxt = service.list_jobs(session, page, status=status, type_=type, owner=owner,
                                         run_id=run_id)
-    return SafeJSONResponse(list_body(jobs_read(session, rows), more, nxt))
+    return typed(JobList(data=job_models(session, rows), has_more=more, next_after=nxt))
 
 
 @router.get("/{job_id}", response_model=JobRead)
-async def get_job(job_id: str, user: Principal = Depends(current_user)):
+async def get_job(job_id: str, user: CurrentUser):
     # The route every client polls: one hop to the thread pool for the whole read (a sync
     # route with a sync session dependency costs several hops per request).
-    def read() -> dict:
+    def read() -> JobRead:
         with unit_of_work(read_only=True) as s:
-            return jobs_read(s, [service.get_job(s, job_id)])[0]
-    return SafeJSONResponse(await run_in_threadpool(read), headers={"Cache-Control": "no-store"})
+            return job_models(s, [service.get_job(s, job_id)])[0]
+    return typed(await run_in_threadpool(read), headers={"Cache-Control": "no-store"})
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead)
-def cancel_job(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return typed(job_read(service.cancel_job(session, user, service.get_job(session, job_id))))
+def cancel_job(job_id: str, user: CurrentUser, session: SessionDep):
+    return typed(job_model(service.cancel_job(session, user, service.get_job(session, job_id))))
 
 
 @router.post("/{job_id}/retry", response_model=JobRead)
-def retry_job(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return typed(job_read(service.retry_job(session, user, service.get_job(session, job_id))))
+def retry_job(job_id: str, user: CurrentUser, session: SessionDep):
+    return typed(job_model(service.retry_job(session, user, service.get_job(session, job_id))))
 
 
 @router.post("/{job_id}/priority", response_model=JobRead)
-def set_priority(job_id: str, body: PriorityUpdate, user: Principal = Depends(current_user),
-                 session: Session = DB):
-    return typed(job_read(service.set_priority(session, user, service.get_job(session, job_id),
+def set_priority(job_id: str, body: PriorityUpdate, user: CurrentUser,
+                 session: SessionDep):
+    return typed(job_model(service.set_priority(session, user, service.get_job(session, job_id),
                                                body.priority)))
 
 
 @router.post("/{job_id}/preemptible", response_model=JobRead)
-def set_preemptible(job_id: str, body: PreemptibleUpdate, user: Principal = Depends(current_user),
-                    session: Session = DB):
-    return typed(job_read(service.set_preemptible(session, user, service.get_job(session, job_id),
+def set_preemptible(job_id: str, body: PreemptibleUpdate, user: CurrentUser,
+                    session: SessionDep):
+    return typed(job_model(service.set_preemptible(session, user, service.get_job(session, job_id),
                                                   body.preemptible)))
 
 
 @router.post("/{job_id}/hold", response_model=JobRead)
-def hold(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return typed(job_read(service.set_hold(session, user, service.get_job(session, job_id), True)))
+def hold(job_id: str, user: CurrentUser, session: SessionDep):
+    return typed(job_model(service.set_hold(session, user, service.get_job(session, job_id), True)))
 
 
 @router.post("/{job_id}/release", response_model=JobRead)
-def release(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return typed(job_read(service.set_hold(session, user, service.get_job(session, job_id),
+def release(job_id: str, user: CurrentUser, session: SessionDep):
+    return typed(job_model(service.set_hold(session, user, service.get_job(session, job_id),
                                            False)))
 
 
@@ -94,10 +91,10 @@ def _event_dict(ev) -> dict:
 
 
 @router.get("/{job_id}/events")
-def job_events(job_id: str, request: Request, after_seq: int = Query(0, ge=0),
+def job_events(*, job_id: str, request: Request, after_seq: int = Query(0, ge=0),
                limit: int = Query(1000, ge=1, le=10000),
                last_event_id: str | None = Header(None),
-               user: Principal = Depends(current_user), session: Session = DB):
+               user: CurrentUser, session: SessionDep):
     service.get_job(session, job_id)
     if "text/event-stream" not in request.headers.get("accept", ""):
         return SafeJSONResponse({"data": [_event_dict(e) for e in
@@ -130,8 +127,8 @@ async def _stream_events(job_id: str, after: int, request: Request):
 
 
 @router.get("/{job_id}/logs")
-def job_logs(job_id: str, request: Request, tail: int | None = Query(None, ge=1, le=100000),
-             follow: bool = False, user: Principal = Depends(current_user), session: Session = DB):
+def job_logs(*, job_id: str, request: Request, tail: int | None = Query(None, ge=1, le=100000),
+             follow: bool = False, user: CurrentUser, session: SessionDep):
     service.get_job(session, job_id)
     if not follow:
         return PlainTextResponse(logs.read_tail(job_id, tail))
@@ -139,6 +136,6 @@ def job_logs(job_id: str, request: Request, tail: int | None = Query(None, ge=1,
 
 
 @router.get("/{job_id}/metrics")
-def job_metrics(job_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def job_metrics(job_id: str, user: CurrentUser, session: SessionDep):
     service.get_job(session, job_id)
     return SafeJSONResponse(service.metrics(session, job_id))

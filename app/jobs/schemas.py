@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.core.reads import ReadModel
 from contracts.bounds import JsonObject
 from contracts.jobtypes import JobType
 
@@ -35,22 +36,15 @@ class PreemptibleUpdate(BaseModel):
     preemptible: bool
 
 
-class ReadModel(BaseModel):
-    """A response body as the API sends it (documentation in /openapi.json; the handlers
-    build the body, app/core/reads.py). `forbid`: tests/service/test_reads.py validates real
-    bodies against these, so a key the model does not document fails a test."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
 class Progress(BaseModel):
     model_config = ConfigDict(extra="allow")  # stages may report more (bytes, tokens/s, ...)
     stage: str | None = None
-    done: float | None = None
-    total: float | None = None
+    # int | float: a count stays an int on the wire (pydantic would make 5 into 5.0)
+    done: int | float | None = None
+    total: int | float | None = None
     unit: str | None = None
-    rate: float | None = None
-    eta_s: float | None = None
+    rate: int | float | None = None
+    eta_s: int | float | None = None
 
 
 class GpuRef(ReadModel):
@@ -66,6 +60,20 @@ class ErrorInfo(BaseModel):
     # failures_file (issue 18): without it the error names no record.
     details: Any = None
     log_tail: str | None = None
+
+
+class PreemptionRead(ReadModel):
+    """Why the job was last preempted, how often lately, when it may resume (API-additions)."""
+    by: str | None
+    by_priority: int | None
+    by_owner: str | None
+    at: str | None
+    attempt: int | None
+    node: str | None
+    reason: str | None
+    count_last_hour: int
+    protected_until: datetime | None
+    may_resume: str | None = None  # only while it waits
 
 
 class JobRead(ReadModel):
@@ -96,7 +104,7 @@ class JobRead(ReadModel):
     run_stage: str | None
     preemptible: bool = False
     preempting_for: str | None = None
-    preemption: dict[str, Any] | None = None
+    preemption: PreemptionRead | None = None
 
 
 class JobList(ReadModel):

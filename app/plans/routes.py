@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
-from app.core.auth import Principal, current_user
+from fastapi import APIRouter
+
 from app.core.db import unit_of_work
+from app.core.deps import CurrentUser
 from app.plans import service
 from app.runs.names import with_ids
 from app.runs.schemas import RunCreate
@@ -12,7 +13,7 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
 
 @router.post("")
-def create_plan(body: RunCreate, user: Principal = Depends(current_user)):
+def create_plan(body: RunCreate, user: CurrentUser):
     # No request session: the plan reads in its own short transaction, then runs for seconds.
     with unit_of_work(read_only=True) as s:
         check_quota(s, user.id, user.name, "a plan")

@@ -1,15 +1,11 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Header
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Header
 
-from app.core.auth import Principal, current_user
-from app.core.db import request_session, unit_of_work
+from app.core.db import unit_of_work
+from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.idempotency import idempotent, replay
-from app.core.pagination import Page, list_body, page_params, paginate
 from app.core.reads import typed
-from app.models import Run
 from app.plans.service import plan_or_refuse
 from app.runs import service
 from app.runs.names import with_ids
@@ -18,11 +14,10 @@ from app.runs.schemas import RunCreate, RunCreated, RunList, RunRead
 from app.storage.reserve import check_quota
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
-DB = Depends(request_session, scope="function")
 
 
 @router.post("", status_code=201, response_model=RunCreated)
-def create_run(body: RunCreate, user: Principal = Depends(current_user), session: Session = DB,
+def create_run(body: RunCreate, user: CurrentUser, session: SessionDep,
                idempotency_key: str | None = Header(None)):
     request = body.model_dump(mode="json")
     if idempotency_key and (done := replay(user, idempotency_key, request)) is not None:
@@ -38,37 +33,35 @@ def create_run(body: RunCreate, user: Principal = Depends(current_user), session
     def make():
         run = service.create_run(session, user, body, chain)
         session.flush()
-        out = service.run_read(session, run)
-        out["plan"] = plan
-        return out
+        return RunCreated(**dict(service.run_model(session, run)), plan=plan)
     return idempotent(session, user, idempotency_key, request, make)
 
 
 @router.get("", response_model=RunList)
-def list_runs(page: Page = Depends(page_params), user: Principal = Depends(current_user),
-              session: Session = DB):
-    rows, more, nxt = paginate(session, select(Run), Run.id, page)
-    return typed(list_body(service.runs_read(session, rows), more, nxt))
+def list_runs(page: PageDep, user: CurrentUser,
+              session: SessionDep):
+    rows, more, nxt = service.list_runs(session, page)
+    return typed(RunList(data=service.run_models(session, rows), has_more=more, next_after=nxt))
 
 
 @router.get("/{run_id}", response_model=RunRead)
-def get_run(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return typed(service.run_read(session, service.get_run(session, run_id)))
+def get_run(run_id: str, user: CurrentUser, session: SessionDep):
+    return typed(service.run_model(session, service.get_run(session, run_id)))
 
 
 @router.get("/{run_id}/report")
-def get_run_report(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def get_run_report(run_id: str, user: CurrentUser, session: SessionDep):
     """What the dashboard's run page and `draftyard runs show` render (app/runs/report.py)."""
     return build_report(session, service.get_run(session, run_id))
 
 
 @router.post("/{run_id}/cancel", response_model=RunRead)
-def cancel_run(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def cancel_run(run_id: str, user: CurrentUser, session: SessionDep):
     run = service.cancel_run(session, user, service.get_run(session, run_id))
-    return typed(service.run_read(session, run))
+    return typed(service.run_model(session, run))
 
 
 @router.post("/{run_id}/retry", response_model=RunRead)
-def retry_run(run_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def retry_run(run_id: str, user: CurrentUser, session: SessionDep):
     run = service.retry_run(session, user, service.get_run(session, run_id))
-    return typed(service.run_read(session, run))
+    return typed(service.run_model(session, run))

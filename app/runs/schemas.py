@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from app.jobs.schemas import JobRead, ReadModel
+from app.core.reads import ReadModel
+from app.jobs.schemas import JobRead
 from contracts.run import DrafterSpec, RunSpec, Stages
 
 RunCreate = RunSpec

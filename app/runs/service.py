@@ -10,14 +10,16 @@ from app.core.auth import Principal
 from app.core.db import utcnow
 from app.core.errors import Conflict, Forbidden, Invalid, NotFound
 from app.core.ids import new_id
+from app.core.pagination import Page, paginate
 from app.jobs import service as jobs
 from app.jobs.lifecycle import StatusChanged
 from app.jobs.params import validate_params
-from app.jobs.render import jobs_read
+from app.jobs.render import job_models
 from app.jobs.schemas import JobCreate
 from app.jobs.states import ACTIVE, TERMINAL
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Dataset, Job, Run, Target
+from app.runs.schemas import RunRead, RunStage
 from app.webhooks.service import on_run_status
 from contracts.jobtypes import JobType
 from contracts.run import STAGE_ORDER, RunSpec, RunSpecError, StageJob
@@ -128,6 +130,10 @@ def on_job_status(session: Session, ev: StatusChanged) -> None:
         refresh_run(session, ev.job.run_id)
 
 
+def list_runs(session: Session, page: Page):
+    return paginate(session, select(Run), Run.id, page)
+
+
 def get_run(session: Session, run_id: str) -> Run:
     run = session.get(Run, run_id)
     if run is None:
@@ -161,26 +167,26 @@ def retry_run(session: Session, user: Principal, run: Run) -> Run:
     return run
 
 
-def run_read(session: Session, run: Run) -> dict:
-    return runs_read(session, [run])[0]
+def run_model(session: Session, run: Run) -> RunRead:
+    return run_models(session, [run])[0]
 
 
-def runs_read(session: Session, runs: list[Run]) -> list[dict]:
+def run_models(session: Session, runs: list[Run]) -> list[RunRead]:
     """Runs with their jobs: one query for all the runs' jobs and one for their GPUs, however
     many runs (GET /v1/runs made two per run)."""
     by_run: dict[str, list[Job]] = {r.id: [] for r in runs}
     if runs:
         for j in session.scalars(select(Job).where(Job.run_id.in_(list(by_run)))):
             by_run[str(j.run_id)].append(j)
-    reads = iter(jobs_read(session, [j for r in runs for j in _in_order(by_run[r.id])]))
+    reads = iter(job_models(session, [j for r in runs for j in _in_order(by_run[r.id])]))
     out = []
     for run in runs:
         js = _in_order(by_run[run.id])
-        out.append({
-            "id": run.id, "name": run.name, "owner": run.owner_id, "status": run.status,
-            "spec": run.spec, "jobs": [next(reads) for _ in js],
-            "stages": {j.run_stage: {"job_id": j.id, "status": j.status, "progress": j.progress,
-                                     "reused_from": j.reused_from, "error": j.error}
-                       for j in js},
-            "report": run.report, "created_at": run.created_at, "finished_at": run.finished_at})
+        out.append(RunRead(
+            id=run.id, name=run.name, owner=run.owner_id, status=run.status, spec=run.spec,
+            jobs=[next(reads) for _ in js],
+            stages={str(j.run_stage): RunStage(job_id=j.id, status=j.status, progress=j.progress,
+                                               reused_from=j.reused_from, error=j.error)
+                    for j in js},
+            report=run.report, created_at=run.created_at, finished_at=run.finished_at))
     return out

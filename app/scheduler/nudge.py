@@ -48,7 +48,7 @@ def nudge(with_reasons: bool = False) -> None:
                 return
             except OperationalError as e:  # lock timeouts, deadlock on lease rows: try again
                 log.warning("scheduling pass failed (attempt %d): %s", attempt + 1, e)
-            except Exception:  # noqa: BLE001  the periodic tick recovers
+            except Exception:  # the periodic tick recovers
                 log.exception("scheduling pass failed")
                 return
     finally:

@@ -143,5 +143,5 @@ class ApiReaper:
                 if moved:
                     log.warning("no worker alive: the API requeued or failed %d lost job(s): %s",
                                 len(moved), moved)
-            except Exception:  # noqa: BLE001  the DB may be down; the next tick retries
+            except Exception:  # the DB may be down; the next tick retries
                 log.exception("API reaper tick failed")

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy.orm import Session
 
-from app.core.auth import Principal, current_user
-from app.core.db import request_session
+from app.core.deps import CurrentUser, SessionDep
 from app.core.errors import Forbidden
 from app.storage import retention, usage
 
 router = APIRouter(prefix="/v1/storage", tags=["storage"])
-DB = Depends(request_session, scope="function")
 
 
 class PruneBody(BaseModel):
@@ -21,13 +18,13 @@ class PruneBody(BaseModel):
 
 
 @router.get("")
-def storage(user: Principal = Depends(current_user), session: Session = DB) -> dict:
+def storage(user: CurrentUser, session: SessionDep) -> dict:
     return usage.report(session)
 
 
 @router.post("/prune")
-def prune(body: PruneBody, user: Principal = Depends(current_user),
-          session: Session = DB) -> dict:
+def prune(body: PruneBody, user: CurrentUser,
+          session: SessionDep) -> dict:
     """What retention would remove now (dry_run: anyone), or remove it (admins)."""
     if not body.dry_run and not user.is_admin:
         raise Forbidden("pruning is an admin action; dry_run: true lists what would go",

@@ -1,19 +1,14 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Header
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
-from sqlalchemy.orm import Session, defer
 
-from app.core.auth import Principal, current_user
-from contracts.bounds import JsonObject
-from app.core.db import request_session
+from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.idempotency import idempotent
-from app.core.pagination import Page, list_body, page_params, paginate
-from app.core.reads import typed
-from app.models import Target
+from app.core.reads import body_of, typed
 from app.targets import service
-from app.targets.schemas import TargetList, TargetRead
+from app.targets.schemas import TargetList, TargetRead, TargetSummary
+from contracts.bounds import JsonObject
 
 # A real chat template is under 64 KB (the longest in /work/shared/fixtures and on the Hub's
 # large models are ~10-20 KB); four times that bounds what one member stores for everyone
@@ -22,7 +17,6 @@ MAX_CHAT_TEMPLATE_CHARS = 262_144
 MAX_PATH_CHARS = 4096
 
 router = APIRouter(prefix="/v1/targets", tags=["targets"])
-DB = Depends(request_session, scope="function")
 
 
 class TargetCreate(BaseModel):
@@ -36,23 +30,21 @@ class TargetCreate(BaseModel):
 
 
 @router.post("", status_code=201, response_model=TargetRead)
-def create_target(body: TargetCreate, user: Principal = Depends(current_user),
-                  session: Session = DB, idempotency_key: str | None = Header(None)):
+def create_target(body: TargetCreate, user: CurrentUser,
+                  session: SessionDep, idempotency_key: str | None = Header(None)):
     return idempotent(session, user, idempotency_key, body.model_dump(),
-                      lambda: service.target_read(service.create_target(session, user, body),
-                                                  user))
+                      lambda: body_of(TargetRead.of(service.create_target(session, user, body)),
+                                      user))
 
 
 @router.get("", response_model=TargetList)
-def list_targets(page: Page = Depends(page_params), user: Principal = Depends(current_user),
-                 session: Session = DB):
-    # The templates stay in the database: a listing shows them by hash and length.
-    rows, more, nxt = paginate(session, select(Target).options(defer(Target.chat_template)),
-                               Target.id, page)
-    return typed(list_body([service.target_read(t, user, whole=False) for t in rows], more,
-                           nxt))
+def list_targets(page: PageDep, user: CurrentUser,
+                 session: SessionDep):
+    rows, more, nxt = service.list_targets(session, page)
+    return typed(TargetList(data=[TargetSummary.of(t) for t in rows], has_more=more,
+                            next_after=nxt), user=user)
 
 
 @router.get("/{target_id}", response_model=TargetRead)
-def get_target(target_id: str, user: Principal = Depends(current_user), session: Session = DB):
-    return typed(service.target_read(service.get_target(session, target_id), user))
+def get_target(target_id: str, user: CurrentUser, session: SessionDep):
+    return typed(TargetRead.of(service.get_target(session, target_id)), user=user)

@@ -9,14 +9,16 @@ from pathlib import Path
 from jinja2 import TemplateSyntaxError, nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from sqlalchemy.orm import Session
+from sqlalchemy import select
+from sqlalchemy.orm import Session, defer
 
 from app.core.auth import Principal
 from app.core.config import get_settings
 from app.core.names import check_name_free
 from app.core.errors import Invalid, NotFound
 from app.core.ids import new_id
-from app.core.paths import resolve_inside, shown
+from app.core.pagination import Page, paginate
+from app.core.paths import resolve_inside
 from app.models import Target
 from contracts.target import looks_like_template_path, template_path_message, text_config
 
@@ -102,23 +104,14 @@ def create_target(session: Session, user: Principal, body) -> Target:
     return t
 
 
+def list_targets(session: Session, page: Page):
+    # The templates stay in the database: a listing shows them by hash and length.
+    return paginate(session, select(Target).options(defer(Target.chat_template)), Target.id,
+                    page)
+
+
 def get_target(session: Session, target_id: str) -> Target:
     t = session.get(Target, target_id)
     if t is None:
         raise NotFound(f"target {target_id} not found", param="id")
     return t
-
-
-def target_read(t: Target, user: Principal | None = None, whole: bool = True) -> dict:
-    """`whole`: with the chat template's text (item reads), else by hash and length only
-    (listings). `user`: a member sees paths relative to the roots (app/core/paths.shown)."""
-    out = {"id": t.id, "name": t.name, "owner": t.owner_id, "path": t.path,
-           "tokenizer_path": t.tokenizer_path,
-           "chat_template_sha256": t.chat_template_sha256,
-           "chat_template_chars": t.chat_template_chars,
-           "chat_template_kwargs": t.chat_template_kwargs, "architecture": t.architecture,
-           "hidden_size": t.hidden_size, "num_layers": t.num_layers, "vocab_size": t.vocab_size,
-           "has_chat_template": t.has_chat_template, "created_at": t.created_at}
-    if whole:
-        out["chat_template"] = t.chat_template
-    return shown(out, user) if user is not None else out

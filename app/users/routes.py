@@ -2,19 +2,15 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from app.core.auth import Principal, current_user, require_admin
-from app.core.db import request_session
-from app.core.pagination import Page, list_body, page_params, paginate
+from app.core.deps import AdminUser, CurrentUser, PageDep, SessionDep
+from app.core.pagination import list_body
 from app.models import User
 from app.users import service
 
 router = APIRouter(prefix="/v1", tags=["users"])
-DB = Depends(request_session, scope="function")
 
 
 class Role(StrEnum):
@@ -40,7 +36,7 @@ class UserUpdate(BaseModel):
 
 
 @router.post("/users", status_code=201)
-def create_user(body: UserCreate, admin: Principal = Depends(require_admin), session: Session = DB):
+def create_user(body: UserCreate, admin: AdminUser, session: SessionDep):
     user, tok, secret = service.create_user(session, body.name, body.role.value,
                                             body.max_priority)
     # token_id: the handle to revoke it with (DELETE /v1/tokens/{id}) without a second call.
@@ -48,35 +44,35 @@ def create_user(body: UserCreate, admin: Principal = Depends(require_admin), ses
 
 
 @router.patch("/users/{user_id}")
-def update_user(user_id: str, body: UserUpdate, admin: Principal = Depends(require_admin),
-                session: Session = DB):
+def update_user(user_id: str, body: UserUpdate, admin: AdminUser,
+                session: SessionDep):
     """An admin grants (or withdraws, with null) a user's priority band (issue 26 item 6)."""
     return service.user_read(service.set_max_priority(session, user_id, body.max_priority))
 
 
 @router.get("/users")
-def list_users(page: Page = Depends(page_params), user: Principal = Depends(current_user),
-               session: Session = DB):
+def list_users(page: PageDep, user: CurrentUser,
+               session: SessionDep):
     """The team's directory (id, name, role), readable by every member: jobs, runs and
     datasets name their owner by id, and clients show names (the queue already does)."""
-    rows, more, nxt = paginate(session, select(User), User.id, page)
+    rows, more, nxt = service.list_users(session, page)
     return list_body([service.user_read(u) for u in rows], more, nxt)
 
 
 @router.get("/users/me")
-def me(user: Principal = Depends(current_user), session: Session = DB):
+def me(user: CurrentUser, session: SessionDep):
     row = session.get(User, user.id)
     return {"id": user.id, "name": user.name, "role": user.role,
             "max_priority": service.max_priority(row, user.role)}
 
 
 @router.post("/users/{user_id}/tokens", status_code=201)
-def create_token(user_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def create_token(user_id: str, user: CurrentUser, session: SessionDep):
     tok, secret = service.new_token(session, user, user_id)
     return {"id": tok.id, "user_id": tok.user_id, "token": secret, "created_at": tok.created_at}
 
 
 @router.delete("/tokens/{token_id}", status_code=204)
-def delete_token(token_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def delete_token(token_id: str, user: CurrentUser, session: SessionDep):
     service.revoke_token(session, user, token_id)
     return Response(status_code=204)

@@ -14,7 +14,12 @@ from app.core.config import get_settings
 from app.core.db import utcnow
 from app.core.errors import Conflict, Forbidden, NotFound
 from app.core.ids import new_id
+from app.core.pagination import Page, paginate
 from app.models import Token, User
+
+
+def list_users(session: Session, page: Page):
+    return paginate(session, select(User), User.id, page)
 
 
 def create_user(session: Session, name: str, role: str,

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.orm import Session
 
-from app.core.auth import Principal, current_user
-from app.core.db import request_session
-from app.core.pagination import Page, list_body, page_params
+from app.core.deps import CurrentUser, PageDep, SessionDep
+from app.core.pagination import list_body
 from app.webhooks import service
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
-DB = Depends(request_session, scope="function")
 
 
 class WebhookCreate(BaseModel):
@@ -23,34 +20,34 @@ class WebhookCreate(BaseModel):
 
 
 @router.post("", status_code=201)
-def create_webhook(body: WebhookCreate, user: Principal = Depends(current_user),
-                   session: Session = DB):
+def create_webhook(body: WebhookCreate, user: CurrentUser,
+                   session: SessionDep):
     hook, secret = service.create_webhook(session, user, body.url, body.events)
     return service.hook_read(hook, secret)
 
 
 @router.get("")
-def list_webhooks(page: Page = Depends(page_params), user: Principal = Depends(current_user),
-                  session: Session = DB):
+def list_webhooks(page: PageDep, user: CurrentUser,
+                  session: SessionDep):
     rows, more, nxt = service.list_webhooks(session, user, page)
     return list_body([service.hook_read(h) for h in rows], more, nxt)
 
 
 @router.get("/{hook_id}")
-def get_webhook(hook_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def get_webhook(hook_id: str, user: CurrentUser, session: SessionDep):
     return service.hook_read(service.get_webhook(session, user, hook_id))
 
 
 @router.delete("/{hook_id}", status_code=204)
-def delete_webhook(hook_id: str, user: Principal = Depends(current_user), session: Session = DB):
+def delete_webhook(hook_id: str, user: CurrentUser, session: SessionDep):
     service.delete_webhook(session, user, hook_id)
     return Response(status_code=204)
 
 
 @router.get("/{hook_id}/deliveries")
-def deliveries(hook_id: str, status: str | None = Query(None, pattern="^(pending|delivered|failed)$"),
-               page: Page = Depends(page_params), user: Principal = Depends(current_user),
-               session: Session = DB):
+def deliveries(*, hook_id: str, status: str | None = Query(None, pattern="^(pending|delivered|failed)$"),
+               page: PageDep, user: CurrentUser,
+               session: SessionDep):
     hook = service.get_webhook(session, user, hook_id)
     rows, more, nxt = service.list_deliveries(session, hook, page, status)
     return list_body([service.delivery_read(d) for d in rows], more, nxt)

@@ -157,7 +157,7 @@ class Sender:
             while not self._stop.is_set():
                 try:
                     busy = deliver_due(client) >= BATCH
-                except Exception:  # noqa: BLE001  the DB may be down; the next pass retries
+                except Exception:  # the DB may be down; the next pass retries
                     log.exception("webhook pass failed")
                     busy = False
                 if not busy:

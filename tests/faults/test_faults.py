@@ -126,10 +126,35 @@ def short_stack():
 FAULTS = [db_down, redis_down, worker_restarted, api_killed]
 
 
+def chosen_faults(names: str | None) -> list:
+    """The faults DRAFTYARD_FAULTS names (comma-separated; all when unset). A name that is
+    no fault is an error, not a suite that passes having run nothing."""
+    if names is None:
+        return list(FAULTS)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = {f.__name__: f for f in FAULTS}
+    unknown = [n for n in wanted if n not in known]
+    if unknown or not wanted:
+        raise pytest.UsageError(f"DRAFTYARD_FAULTS={names!r} names no fault "
+                                f"({', '.join(unknown) or 'empty'}); known: {', '.join(known)}")
+    return [known[n] for n in wanted]
+
+
+def test_chosen_faults_refuses_a_selection_that_runs_nothing():
+    assert chosen_faults(None) == list(FAULTS)
+    first = FAULTS[0].__name__
+    assert chosen_faults(f" {first} ,") == [FAULTS[0]]
+    for bad in ("", "no_such_fault", f"{first},typo"):
+        with pytest.raises(pytest.UsageError, match="names no fault"):
+            chosen_faults(bad)
+
+
 def test_every_fault_briefly_jobs_end_once_and_never_run_twice(short_stack):
-    for fault in FAULTS:
-        if os.environ.get("DRAFTYARD_FAULTS", fault.__name__).find(fault.__name__) >= 0:
-            fault(short_stack, 4.0)
+    ran = []
+    for fault in chosen_faults(os.environ.get("DRAFTYARD_FAULTS")):
+        fault(short_stack, 4.0)
+        ran.append(fault.__name__)
+    assert ran, "no fault ran"
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ class Receiver:
         outer, reply = self, body
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with outer._lock:
                     answer = 500 if len(outer.requests) < outer.fail_first else code

@@ -11,9 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 RUN_KEYS = ["name", "target_id", "dataset_id", "drafter", "stages", "mode",
-            "chat_template_kwargs", "force", "priority", "force_plan", "plan_sample"]
+            "chat_template_kwargs", "force", "priority", "force_plan", "plan_sample", "keep"]
 KEYS = {
-    "/v1/jobs": ["type", "name", "priority", "gpus", "inputs", "params", "force", "preemptible"],
+    "/v1/jobs": ["type", "name", "priority", "gpus", "inputs", "params", "force", "preemptible",
+                 "keep"],
     "/v1/runs": RUN_KEYS,
     "/v1/plans": RUN_KEYS,
     "/v1/datasets": ["name", "path", "format"],
@@ -21,6 +22,7 @@ KEYS = {
     "/v1/targets": ["name", "path", "tokenizer_path", "chat_template", "chat_template_kwargs"],
     "/v1/users": ["name", "role"],
     "/v1/webhooks": ["url", "events"],
+    "/v1/storage/prune": ["dry_run"],
 }
 # Values a well-meaning client might send in the right place, mixed with junk.
 PLAUSIBLE = st.sampled_from(["probe", "generate", "prepare", "train", "dflash", "eagle3",

@@ -67,7 +67,8 @@ def test_every_view_renders_against_the_real_api(api, worker, server, tmp_path):
              p.get("eta_s") is not None and 0 < p["done"] < p["total"], 60, 0.3,
              "the running probe to report a rate and an ETA")
     page = tmp_path / "app.js"
-    page.write_text(httpx.get(f"{server}/ui/app.js").text)
+    page.write_text(httpx.get(f"{server}/ui/app.js").text + "\n" +
+                    httpx.get(f"{server}/ui/actions.js").text)
     (tmp_path / "harness.js").write_text(HARNESS)
     try:
         out = subprocess.run(["node", str(tmp_path / "harness.js"), str(page), server, api.token,

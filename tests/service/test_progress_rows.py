@@ -8,7 +8,15 @@ from sqlalchemy import func, select
 
 from app.core.ids import new_id
 from app.models import Job, JobEvent
+from contracts.spec import StageSpec
+from workers.attempt import Attempt
 from workers.supervisor import Supervisor
+
+
+def _supervisor(job: Job, tmp_path) -> Supervisor:
+    spec = StageSpec(type=job.type, out_dir=str(tmp_path / "out"), work_dir=str(tmp_path / "w"),
+                     events_path=str(tmp_path / "ev.jsonl"))
+    return Supervisor(Attempt(job.id, 1, tmp_path, spec, tmp_path / "spec.json", []))
 
 
 def test_progress_rows_are_at_most_one_per_second(db, user, tmp_path):
@@ -16,8 +24,7 @@ def test_progress_rows_are_at_most_one_per_second(db, user, tmp_path):
               priority=50, gpus_requested=0)
     db.add(job)
     db.flush()
-    sup = Supervisor(job.id, "prepare", tmp_path / "spec.json", tmp_path, tmp_path / "ev.jsonl",
-                     [])
+    sup = _supervisor(job, tmp_path)
     t0, n = 1_000_000.0, 5000
     # 5,000 reports over 2.5 s of the stage's clock (a record loop reporting every item,
     # replayed in one pump, as after a database outage)
@@ -35,3 +42,43 @@ def test_progress_rows_are_at_most_one_per_second(db, user, tmp_path):
     assert rows[-1]["eta_s"] == 0 or rows[-1]["eta_s"] is None
     assert db.scalar(select(func.count()).select_from(JobEvent)
                      .where(JobEvent.job_id == job.id)) == len(rows)
+
+
+def test_a_long_job_writes_a_bounded_number_of_progress_rows(db, user, tmp_path):
+    """A 3-hour stage reporting every half second: ~300 x (1 + ln(10,800 / 300)) rows (the
+    spacing grows past 300 rows), not 10,800."""
+    job = Job(id=new_id("job"), type="generate", owner_id=user.id, status="running",
+              priority=50, gpus_requested=0)
+    db.add(job)
+    db.flush()
+    sup = _supervisor(job, tmp_path)
+    n = 21_600
+    for i in range(1, n + 1):
+        sup._apply(db, job, {"kind": "progress", "at": 5_000.0 + i * 0.5,
+                             "data": {"done": i, "total": n, "unit": "records"}})
+    db.flush()
+    rows = db.scalar(select(func.count()).select_from(JobEvent)
+                     .where(JobEvent.job_id == job.id, JobEvent.kind == "progress"))
+    assert 300 <= rows <= 1_500, rows
+
+
+def test_eta_at_ten_percent_of_a_stage_reporting_in_chunks(db, user, tmp_path):
+    """A stage whose work comes in chunks 40 s apart (prepare's tasks on a busy node): at 10%
+    the job shows an ETA, within 25% of the time that remained (a 30 s window held one point:
+    no rate, no ETA), and it follows a slowdown later on."""
+    job = Job(id=new_id("job"), type="prepare", owner_id=user.id, status="running",
+              priority=50, gpus_requested=0)
+    db.add(job)
+    db.flush()
+    sup = _supervisor(job, tmp_path)
+    total, t = 100_000, 10_000.0
+    sup._apply(db, job, {"kind": "progress", "at": t,
+                         "data": {"done": 0, "total": total, "unit": "records"}})
+    for k in range(1, 21):
+        t += 40.0
+        sup._apply(db, job, {"kind": "progress", "at": t,
+                             "data": {"done": 5000 * k, "total": total, "unit": "records"}})
+        if 5000 * k == 10_000:
+            remained = 10_800.0 - t
+            assert job.progress["eta_s"] is not None
+            assert abs(job.progress["eta_s"] - remained) <= 0.25 * remained, job.progress

@@ -4,22 +4,20 @@ GET /v1/runs reads the jobs of a page of runs in a fixed number of queries."""
 
 from __future__ import annotations
 
-from fastapi.encoders import jsonable_encoder
+import pytest
 from sqlalchemy import event
 
-from app.artifacts.routes import artifact_read
 from app.artifacts.schemas import ArtifactRead
 from app.core.ids import new_id
+from app.core.reads import body_of, plain
 from app.datasets.schemas import DatasetRead
-from app.datasets.service import dataset_read
 from app.jobs.schemas import JobCreate, JobRead
 from app.jobs.service import cancel_job, create_job
 from app.main import create_app
 from app.models import Artifact, Dataset, Run, Target
 from app.runs.schemas import RunList, RunRead
-from app.runs.service import run_jobs, runs_read
+from app.runs.service import run_jobs, run_models
 from app.targets.schemas import TargetRead, TargetSummary
-from app.targets.service import target_read
 from contracts.jobtypes import JobType
 
 
@@ -37,7 +35,8 @@ def test_bodies_match_their_declared_models(db, user):
     run = _run(db, user)
     cancel_job(db, user, run_jobs(db, run.id)[0])  # a job with an error object
     db.flush()
-    (body,) = jsonable_encoder(runs_read(db, [run]))
+    (read,) = run_models(db, [run])
+    body = plain(read)
     RunRead.model_validate(body)
     assert [j["run_stage"] for j in body["jobs"]] == ["prepare", "train"]
     assert body["jobs"][0]["error"]["code"] == "cancelled"
@@ -50,10 +49,33 @@ def test_bodies_match_their_declared_models(db, user):
                    files=[{"path": "x", "bytes": 3}], inputs=[], meta={"name": "x"})
     db.add_all([t, ds, art])
     db.flush()
-    TargetRead.model_validate(jsonable_encoder(target_read(t, user)))
-    TargetSummary.model_validate(jsonable_encoder(target_read(t, user, whole=False)))
-    DatasetRead.model_validate(jsonable_encoder(dataset_read(ds)))
-    ArtifactRead.model_validate(jsonable_encoder(artifact_read(art, user)))
+    for model, row in ((TargetRead, t), (TargetSummary, t), (DatasetRead, ds),
+                       (ArtifactRead, art)):
+        model.model_validate(body_of(model.of(row), user))  # as a member sees it
+
+
+def test_a_read_is_sent_as_api_md_writes_it(db, user):
+    """The model is checked, the bytes are the API's: a UTC time as `+00:00` (pydantic would
+    write `Z`), a stage's progress with its own keys and integer counts (no `null`s added, no
+    5 -> 5.0), a free-form field passed through whole, fields in the model's order."""
+    import orjson
+
+    from app.core.reads import typed
+    from app.jobs.render import job_model
+
+    job = create_job(db, user, JobCreate(type=JobType.probe, name="b"))
+    job.progress = {"stage": "x", "done": 5, "total": 10, "unit": "rec", "tokens": 7}
+    job.metrics_summary = {"deep": [[[1]]]}
+    job.preemption = {"by": "job_x", "at": "2026-01-01T00:00:00+00:00", "history": [1.0]}
+    raw = bytes(typed(job_model(job)).body)
+    body = orjson.loads(raw)
+    assert body["created_at"].endswith("+00:00") and b'"created_at":"' in raw
+    assert raw.index(b'"progress":{"stage":"x","done":5,"total":10,"unit":"rec","tokens":7}') > 0
+    assert body["metrics_summary"] == {"deep": [[[1]]]}
+    assert list(body) == list(JobRead.model_fields)
+    assert body["preemption"]["count_last_hour"] == 0 and "may_resume" in body["preemption"]
+    with pytest.raises(ValueError):  # a body the model does not allow
+        JobRead(**{**body, "surprise": 1})
 
 
 def test_openapi_names_the_read_models():
@@ -78,9 +100,8 @@ def test_listing_runs_costs_the_same_queries_for_one_or_many(db, user):
         def count(*_a, n=n):
             n[0] += 1
         event.listen(db.connection(), "before_cursor_execute", count)
-        body = runs_read(db, page)
+        body = run_models(db, page)
         event.remove(db.connection(), "before_cursor_execute", count)
-        RunList.model_validate(jsonable_encoder({"data": body, "has_more": False,
-                                                 "next_after": None}))
+        RunList(data=body, has_more=False, next_after=None)
         counts.append(n[0])
     assert counts[0] == counts[1] <= 2, counts

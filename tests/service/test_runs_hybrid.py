@@ -13,6 +13,7 @@ job's error then names the records, their reasons and the template's messages.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import time
 
 import pytest
@@ -188,6 +189,6 @@ def test_generate_over_budget_names_records_reasons_and_messages(api, worker, ho
         assert (got[rid]["line"], got[rid]["reason"]) == (line, "template_error"), got
         assert message in got[rid]["message"], got
     # The full list is in the job's folder, kept although the job failed.
-    listed = [json.loads(x) for x in open(d["failures_file"], encoding="utf-8")]
+    listed = [json.loads(x) for x in Path(d["failures_file"]).read_text(encoding="utf-8").splitlines()]
     assert sorted(f["id"] for f in listed) == ["bad-late-system", "bad-no-user", "bad-no-user-2"]
     assert d["failures_file"].startswith(str(home / "jobs" / job_id))

@@ -109,3 +109,19 @@ def test_artifact_reads_show_members_no_absolute_paths(member, api, home, artifa
     # the files are still there to download, and admins see the real folder
     assert member.get(f"/v1/artifacts/{art_id}/files/config.json").text == "{}"
     assert api.get(f"/v1/artifacts/{art_id}").json()["uri"] == str(folder)
+
+
+def test_dataset_reads_show_members_no_absolute_paths(member, api, home):
+    name = f"src-{uuid.uuid4().hex[:6]}.jsonl"
+    (home / "data" / name).write_text('{"prompt": "hi"}\n')
+    r = member.post("/v1/datasets", {"name": "by-path", "path": name})
+    assert r.status_code == 201, r.text
+    d = r.json()
+    try:
+        for body in (d, member.get(f"/v1/datasets/{d['id']}").json()):
+            assert body["source"] == {"path": f"data:{name}"}, body
+            assert str(home) not in json.dumps(body)
+        assert api.get(f"/v1/datasets/{d['id']}").json()["source"]["path"] == \
+            str((home / "data" / name).resolve())
+    finally:
+        member.post(f"/v1/jobs/{d['job_id']}/cancel")

@@ -119,24 +119,26 @@ def test_a_queued_job_whose_input_was_deleted_fails_naming_it(api, worker, membe
 
 
 def test_reuse_misses_a_tombstone_and_reruns(api, worker, home):
-    """Two identical ingests of one server path: the second reuses the first, unless the
+    """Two identical ingest jobs of one server path: the second reuses the first, unless the
     first's artifact is a tombstone, even one whose files a killed delete left in place."""
     from app.core.db import unit_of_work, utcnow
     from app.models import Artifact
 
     src = home / "data" / f"reuse-{uuid.uuid4().hex[:6]}.jsonl"
     src.write_bytes((shared_fixtures() / "datasets" / "sharegpt.jsonl").read_bytes())
-    body = {"name": "reuse-me", "path": str(src), "format": "sharegpt"}
-    first = _ready(api, api.post("/v1/datasets", body).json()["id"])
-    second = _ready(api, api.post("/v1/datasets", body).json()["id"])
-    assert second["artifact_id"] == first["artifact_id"]  # reused
+    body = {"type": "ingest", "inputs": {"source": {"path": str(src), "name": "reuse-me"}},
+            "params": {"format": "sharegpt", "dataset_name": "reuse-me"}}
+    first = api.wait_job(api.submit(**body)["id"])
+    second = api.wait_job(api.submit(**body)["id"])
+    assert first["status"] == second["status"] == "succeeded", (first, second)
+    assert second["reused_from"] == first["id"] and second["outputs"] == first["outputs"]
     with unit_of_work() as s:  # tombstone committed, files not yet removed (killed there)
-        a = s.get(Artifact, first["artifact_id"])
+        a = s.get(Artifact, first["outputs"][0])
         a.deleted_at, a.deleted_by, a.bytes_freed = utcnow(), "usr_x", a.bytes
-    third = _ready(api, api.post("/v1/datasets", body).json()["id"])
-    assert third["status"] == "ready" and third["artifact_id"] != first["artifact_id"]
-    job = api.job(third["job_id"])
-    assert job["reused_from"] is None and job["outputs"] == [third["artifact_id"]]
+    assert Path(a.uri).is_dir()
+    third = api.wait_job(api.submit(**body)["id"])
+    assert third["status"] == "succeeded" and third["reused_from"] is None, third
+    assert third["outputs"] and third["outputs"] != first["outputs"]
 
 
 # ---- an interrupted delete ---------------------------------------------------------------

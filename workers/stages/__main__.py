@@ -23,7 +23,7 @@ from workers.stages.common import StageContext, StageError, check_roots, read_sp
 STAGES = (*JOB_TYPES, "plan")
 
 
-def _sigterm(signum, frame):  # noqa: ARG001
+def _sigterm(signum, frame):
     # Turn SIGTERM into an exception so stages unwind through their finally blocks
     # (stop a vLLM server, flush a checkpoint) before the supervisor's SIGKILL.
     raise KeyboardInterrupt("SIGTERM")

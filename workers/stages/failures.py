@@ -50,14 +50,15 @@ class FailureLog:
         if rid in self._ids:  # a resumed attempt may see a record of an earlier one again
             return
         self._ids.add(rid)
+        text = (message or "")[:MESSAGE_CHARS]
         row = {"id": rid, "line": source_line(source), "source": source, "reason": reason,
-               "message": (message or "")[:MESSAGE_CHARS]}
+               "message": text}
         self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
         self._fh.flush()  # the file is what a user reads after a crash, too
         self.by_reason[reason] += 1
         if len(self.sample) < self.sample_size:
             self.sample.append({"id": rid, "line": row["line"], "reason": reason,
-                                "message": row["message"][:SAMPLE_MESSAGE_CHARS]})
+                                "message": text[:SAMPLE_MESSAGE_CHARS]})
 
     def summary(self, **extra: Any) -> dict:
         """What the job shows: counts, the sample and where the full list is."""

@@ -135,7 +135,8 @@ def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, di
     masker = build_masker(tok, text, kwargs, prep.train_on)
     regen = "generate" in chain
     gen_tokens = (parsed["generate"].max_tokens if regen and "generate" in parsed else 0)
-    lengths, reasons = [], Counter()
+    lengths: list[int] = []
+    reasons: Counter[str] = Counter()
     n = 0
     for rec in itertools.islice(iter_records(dataset["path"]), sample):
         n += 1

@@ -60,7 +60,9 @@ def verdict(report: dict, p: EvalParams) -> tuple[str, str]:
     if not pairs:
         return "reject", "no acceptance measure produced a value (no usable prompts or rows)"
     key, tau, _ = pairs[0]
-    problems, passed = [], []
+    assert tau is not None  # the pairs kept have a value
+    problems: list[str] = []
+    passed: list[str] = []
     if p.min_tau is not None:
         (problems if tau < p.min_tau else passed).append(
             f"tau {tau:.3f} ({key}) {'is below' if tau < p.min_tau else 'meets'} "
@@ -73,6 +75,7 @@ def verdict(report: dict, p: EvalParams) -> tuple[str, str]:
     who = "the untrained baseline" if base.get("kind") == "untrained" else "the baseline"
     if p.min_gain is not None and same is not None:
         k, t, b = same
+        assert t is not None and b is not None
         gain = t - b
         msg = f"{'beats' if gain > 0 else 'does not beat'} {who}'s tau {b:.3f} by {gain:+.3f} " \
               f"({k}; min_gain {p.min_gain})"

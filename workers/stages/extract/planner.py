@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from contracts.extract import DEFAULT_MARGIN_BYTES  # noqa: F401  (re-exported)
+from contracts.extract import DEFAULT_MARGIN_BYTES  # re-exported
 from workers.stages.common import StageError
 
 from contracts.storage import (DTYPE_SIZES, FILE_OVERHEAD_BYTES,  # noqa: F401 (re-exported)

@@ -58,7 +58,7 @@ class PromptRenderer:
             return self.tokenizer.apply_chat_template(
                 template_messages(messages), tools=tools, chat_template=self.template,
                 add_generation_prompt=True, tokenize=False, **self.kwargs)
-        except Exception as e:  # noqa: BLE001  jinja raise_exception, TypeError, ...
+        except Exception as e:  # jinja raise_exception, TypeError, ...
             raise RenderError(f"{type(e).__name__}: {e}") from e
 
     def encode(self, text: str) -> list[int]:

@@ -94,7 +94,7 @@ class HFTargetTransfer(HiddenStatesTransfer):
         hs = torch.stack(layers, dim=1).float().cpu()  # [seq, n_aux + 1, hidden]
         return {"hidden_states": hs, "token_ids": ids}
 
-    def get_generated(self, hs_transfer_params):  # noqa: ARG002  never asked: no vLLM here
+    def get_generated(self, hs_transfer_params):  # never asked: no vLLM here
         return None
 
 

@@ -78,7 +78,7 @@ def _find_checkpoint(job: TrainJob, warn) -> tuple[Path | None, dict | None]:
 def _seed(seed: int, rank: int) -> None:
     # Ranks share the init (same seed) but draw different DFlash anchors afterwards.
     random.seed(seed + rank)
-    np.random.seed(seed + rank)  # noqa: NPY002  speculators' samplers use numpy's global RNG
+    np.random.seed(seed + rank)  # speculators' samplers use numpy's global RNG
     torch.manual_seed(seed)
 
 

@@ -249,7 +249,7 @@ async def drive(job: ExtractJob, base_url: str, model: str, todo: list[tuple[int
                 await asyncio.to_thread(write_sample, job.folder, idx, hs.to(out_dtype),
                                         torch.from_numpy(ids))
                 await asyncio.to_thread(os.unlink, path)
-            except Exception as e:  # noqa: BLE001  one failed sample fails the stage
+            except Exception as e:  # one failed sample fails the stage
                 raise StageError("backend_failed", f"sample {idx}: {type(e).__name__}: {e}",
                                  details={"sample": idx}) from e
             done["samples"] += 1
