@@ -68,13 +68,13 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    from contracts.extract import VllmParams
     from workers.stages.common import StageContext
     from workers.stages.extract import run
     from workers.stages.extract.backends import ExtractJob, open_rows
     from workers.stages.extract.backends.hf import HFExtractor, load_decoder
     from workers.stages.extract.batching import plan_batches
     from workers.stages.extract.layers import resolve_layers
-    from workers.stages.extract.params import VllmParams
     from workers.stages.extract.writer import AsyncWriter
     from workers.stages.tinymodel import build_tiny_target
 

@@ -31,16 +31,23 @@ def _short(e: BaseException) -> str:
     return str(getattr(e, "orig", None) or e).strip().splitlines()[0][:300]
 
 
-def check_can_join(node: str) -> str:
-    """Raise CannotJoin unless this node can work; returns the shared folder's token."""
+def check_database(node: str) -> None:
+    """Raise CannotJoin unless the database answers (first: a restarted node requeues its
+    earlier incarnation's jobs before the slower checks of `check_can_join`)."""
     s = get_settings()
-    who = f"node {node} cannot join"
     try:
         with unit_of_work() as sess:
             sess.execute(text("SELECT 1"))
     except SQLAlchemyError as e:
-        raise CannotJoin(f"{who}: the database at {_where(s.db_url)} (DRAFTYARD_DATABASE_URL) "
-                         f"does not answer: {_short(e)}") from None
+        raise CannotJoin(f"node {node} cannot join: the database at {_where(s.db_url)} "
+                         f"(DRAFTYARD_DATABASE_URL) does not answer: {_short(e)}") from None
+
+
+def check_can_join(node: str) -> str:
+    """Raise CannotJoin unless this node can work (broker, shared folder; the database was
+    checked by `check_database`); returns the shared folder's token."""
+    s = get_settings()
+    who = f"node {node} cannot join"
     if not s.embedded and not s.broker.startswith("filesystem"):
         from kombu import Connection
 

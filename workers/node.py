@@ -21,7 +21,7 @@ from app.scheduler.reaper import reap, requeue_node
 from app.scheduler.service import lock
 from procgroup import PARENT_ENV, group_alive, groups_where
 from workers.celery_app import app
-from workers.join import check_can_join
+from workers.join import check_can_join, check_database
 
 log = logging.getLogger("draftyard.node")
 
@@ -108,14 +108,17 @@ def run_worker(node: str, gpus_decl: str | None, concurrency: int | None = None,
     gpus = parse_gpus(gpus_decl)
     if gpus is None:
         gpus = detect_gpus()
-    check_can_join(node)  # refuses to start (a message, exit 2) if this node cannot work
+    check_database(node)  # refuses to start (a message, exit 2) without the database
     kill_orphans(node)
+    with unit_of_work() as sess:
+        # An earlier incarnation's jobs are dead (killed just above): requeue them now,
+        # not after their heartbeats age (issue 17: recovery within 60 s), and before the
+        # slower join checks below.
+        moved = requeue_node(sess, node)
+    check_can_join(node)  # broker, shared folder: refuses to start (exit 2) without them
     with unit_of_work() as sess:
         register_node(sess, node, gpus, hostname=platform.node(), cpu_slots=s.cpu_slots,
                       info={"pid": os.getpid(), "declared": gpus_decl is not None})
-        # An earlier incarnation's jobs are dead (killed just above): requeue them now,
-        # not after their heartbeats age (issue 17: recovery within 60 s).
-        moved = requeue_node(sess, node)
     if moved:
         log.warning("node %s: requeued %d job(s) of an earlier worker: %s", node, len(moved),
                     moved)

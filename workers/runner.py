@@ -202,8 +202,7 @@ def run_job(job_id: str, node: str) -> str:
         done: Attempt = retrying(lambda: prepare_attempt(job_id), f"job {job_id}: spec",
                                  give_up_s())
         att = done
-        sup = Supervisor(done.job_id, done.type, done.spec_path, done.job_dir, done.events_path,
-                         done.gpus, done.number)
+        sup = Supervisor(done)
         sup.start()
         outcome = sup.watch()
         # The stage has ended: no process to fence, so keep trying to record its outcome

@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -36,7 +37,9 @@ from app.core.db import db_now, unit_of_work, utcnow
 from app.jobs.service import add_event
 from app.models import Job
 from app.scheduler.reaper import give_up_s
+from app.jobs.states import JobStatus as S
 from procgroup import Attempt, signal_group
+from workers.attempt import Attempt as JobAttempt
 
 log = logging.getLogger("draftyard.supervisor")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -115,15 +118,15 @@ class StageOutcome:
 
 
 class Supervisor:
-    def __init__(self, job_id: str, stage_type: str, spec_path: Path, job_dir: Path,
-                 events_path: Path, gpus: list[int], attempt: int | None = None):
-        self.job_id = job_id
-        self.attempt = attempt
-        self.type = stage_type
-        self.spec_path = spec_path
-        self.job_dir = job_dir
-        self.events_path = events_path
-        self.gpus = gpus
+    def __init__(self, att: JobAttempt):
+        """Supervise one attempt (workers/attempt.py: what to start, where it reports)."""
+        self.job_id = att.job_id
+        self.attempt: int | None = att.number
+        self.type = att.type
+        self.spec_path = att.spec_path
+        self.job_dir = att.job_dir
+        self.events_path = att.events_path
+        self.gpus = att.gpus
         self.settings = get_settings()
         self._events_pos = 0
         self._rate = _Rate()
@@ -133,7 +136,7 @@ class Supervisor:
         self.result: dict | None = None
         self.artifacts: list[dict] = []
         self.proc: subprocess.Popen | None = None
-        self.processes = Attempt(str(self.settings.home), job_id, attempt)
+        self.processes = Attempt(str(self.settings.home), att.job_id, att.number)
 
     # -- child process --------------------------------------------------------------------
     def start(self) -> None:
@@ -182,10 +185,35 @@ class Supervisor:
                         self.job_id, self.attempt, len(left), left)
 
     # -- the watch loop -------------------------------------------------------------------
+    def _fence_by_time(self, limit: float, stop: threading.Event) -> None:
+        """Give up on time even while a DB call hangs (a partition drops packets: a call may
+        wait up to the TCP timeouts of app/core/db.py before it fails, past give_up_s and
+        close to the reaper's fence_s): kill the stage once `limit` has passed since the last
+        DB success; the watch loop then raises GaveUp whatever that call returns."""
+        while not stop.wait(0.25):
+            if time.monotonic() - self._last_ok > limit:
+                log.error("job %s: no database answer for %.0fs; killing the stage",
+                          self.job_id, limit)
+                self._fenced = True
+                self.kill()
+                return
+
     def watch(self) -> StageOutcome:
+        stop = threading.Event()
+        dog = threading.Thread(target=self._fence_by_time, args=(give_up_s(), stop),
+                               daemon=True, name=f"fence-{self.job_id}")
+        self._last_ok = time.monotonic()
+        self._fenced = False
+        dog.start()
+        try:
+            return self._watch()
+        finally:
+            stop.set()
+
+    def _watch(self) -> StageOutcome:
         assert self.proc is not None
         last_hb = 0.0
-        last_ok = retry_at = time.monotonic()  # last DB success; next DB try in an outage
+        retry_at = time.monotonic()  # next DB try in an outage
         delay = 0.0
         cancel_at: float | None = None
         grace = self.settings.cancel_grace_s
@@ -200,10 +228,12 @@ class Supervisor:
                 continue
             try:
                 status = self._pump_events(heartbeat=now - last_hb >= self.settings.heartbeat_s)
+                if self._fenced:  # killed by _fence_by_time while this call hung
+                    raise GaveUp(f"database unreachable for {limit:.0f}s")
             except SQLAlchemyError as e:  # DB outage: the stage keeps running
                 if delay == 0.0:
                     log.warning("job %s: DB unreachable, stage kept running: %s", self.job_id, e)
-                if time.monotonic() - last_ok > limit:
+                if self._fenced or time.monotonic() - self._last_ok > limit:
                     # Fence: the reaper may requeue the job soon; nothing of ours may live on.
                     log.error("job %s: DB unreachable for %.0fs; killing the stage",
                               self.job_id, limit)
@@ -213,8 +243,9 @@ class Supervisor:
                 retry_at = time.monotonic() + delay
                 continue
             if delay:
-                log.warning("job %s: DB back after %.1fs", self.job_id, time.monotonic() - last_ok)
-            last_ok, delay = time.monotonic(), 0.0
+                log.warning("job %s: DB back after %.1fs", self.job_id,
+                            time.monotonic() - self._last_ok)
+            self._last_ok, delay = time.monotonic(), 0.0
             if now - last_hb >= self.settings.heartbeat_s:
                 last_hb = now
             if status == LOST:
@@ -224,7 +255,7 @@ class Supervisor:
                             self.job_id, self.attempt)
                 self.kill()
                 return StageOutcome(-signal.SIGKILL, False, None, None, [], lost=True)
-            if status in ("cancelling", "cancelled", PREEMPTING) and cancel_at is None:
+            if status in (S.cancelling, S.cancelled, PREEMPTING) and cancel_at is None:
                 # The stage checkpoints on SIGTERM (train at its next step boundary).
                 cancel_at = now
                 preempted = status == PREEMPTING
@@ -287,10 +318,10 @@ class Supervisor:
         if row is None:
             return LOST
         status, attempt, preempt_by = row
-        if status not in ("running", "cancelling", "cancelled") or (
+        if status not in (S.running, S.cancelling, S.cancelled) or (
                 self.attempt is not None and attempt != self.attempt):
             return LOST
-        return PREEMPTING if status == "running" and preempt_by else status
+        return PREEMPTING if status == S.running and preempt_by else status
 
     def _apply(self, s, job: Job, ev: dict) -> None:
         kind, data = ev.get("kind"), ev.get("data") or {}

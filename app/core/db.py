@@ -49,9 +49,14 @@ def _private_sqlite_file(url: str) -> None:
 
 
 # A connection whose peer is unreachable fails within ~10 s: unacknowledged data after
-# tcp_user_timeout (ms), or an idle one after keepalives_idle + count * interval.
+# tcp_user_timeout (ms), or an idle one after keepalives_idle + count * interval. Both ends:
+# the server's side (`options`) too, or a partitioned worker's session that held the
+# scheduler's advisory lock or a row lock kept it, and every other node waited on it until
+# the link came back (issue 25: tests/machines/test_partition.py).
 PG_CONNECT_ARGS = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 4,
-                   "keepalives_interval": 2, "keepalives_count": 3, "tcp_user_timeout": 10000}
+                   "keepalives_interval": 2, "keepalives_count": 3, "tcp_user_timeout": 10000,
+                   "options": "-c tcp_keepalives_idle=4 -c tcp_keepalives_interval=2 "
+                              "-c tcp_keepalives_count=3 -c tcp_user_timeout=10000"}
 
 
 def make_engine(url: str) -> Engine:

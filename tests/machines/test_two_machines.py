@@ -83,6 +83,7 @@ def test_two_machines_place_and_keep_scratch_local(machines: Machines):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # six stages on a loaded 2-core box
 def test_whole_run_across_two_machines(machines: Machines):
     from draftyard import Client
     from workers.stages.tinymodel import build_tiny_target

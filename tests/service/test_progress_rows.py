@@ -8,7 +8,15 @@ from sqlalchemy import func, select
 
 from app.core.ids import new_id
 from app.models import Job, JobEvent
+from contracts.spec import StageSpec
+from workers.attempt import Attempt
 from workers.supervisor import Supervisor
+
+
+def _supervisor(job: Job, tmp_path) -> Supervisor:
+    spec = StageSpec(type=job.type, out_dir=str(tmp_path / "out"), work_dir=str(tmp_path / "w"),
+                     events_path=str(tmp_path / "ev.jsonl"))
+    return Supervisor(Attempt(job.id, 1, tmp_path, spec, tmp_path / "spec.json", []))
 
 
 def test_progress_rows_are_at_most_one_per_second(db, user, tmp_path):
@@ -16,8 +24,7 @@ def test_progress_rows_are_at_most_one_per_second(db, user, tmp_path):
               priority=50, gpus_requested=0)
     db.add(job)
     db.flush()
-    sup = Supervisor(job.id, "prepare", tmp_path / "spec.json", tmp_path, tmp_path / "ev.jsonl",
-                     [])
+    sup = _supervisor(job, tmp_path)
     t0, n = 1_000_000.0, 5000
     # 5,000 reports over 2.5 s of the stage's clock (a record loop reporting every item,
     # replayed in one pump, as after a database outage)
@@ -44,8 +51,7 @@ def test_a_long_job_writes_a_bounded_number_of_progress_rows(db, user, tmp_path)
               priority=50, gpus_requested=0)
     db.add(job)
     db.flush()
-    sup = Supervisor(job.id, "generate", tmp_path / "spec.json", tmp_path, tmp_path / "ev.jsonl",
-                     [])
+    sup = _supervisor(job, tmp_path)
     n = 21_600
     for i in range(1, n + 1):
         sup._apply(db, job, {"kind": "progress", "at": 5_000.0 + i * 0.5,
@@ -64,8 +70,7 @@ def test_eta_at_ten_percent_of_a_stage_reporting_in_chunks(db, user, tmp_path):
               priority=50, gpus_requested=0)
     db.add(job)
     db.flush()
-    sup = Supervisor(job.id, "prepare", tmp_path / "spec.json", tmp_path, tmp_path / "ev.jsonl",
-                     [])
+    sup = _supervisor(job, tmp_path)
     total, t = 100_000, 10_000.0
     sup._apply(db, job, {"kind": "progress", "at": t,
                          "data": {"done": 0, "total": total, "unit": "records"}})

@@ -7,16 +7,15 @@ from functools import partial
 
 import pytest
 
+from contracts.extract import ExtractParams
 from workers.stages.common import StageError
 from workers.stages.extract.batching import plan_batches, shard_batches
 from workers.stages.extract.layers import default_layer_ids, is_hybrid, resolve_layers
-from workers.stages.extract.params import ExtractParams
 from workers.stages.extract.planner import (
     check_disk,
     disk_check,
     estimate_hidden_state_bytes,
 )
-
 from workers.stages.kernel import parse_params as _parse
 
 QWEN3_8B = {"num_hidden_layers": 36, "hidden_size": 4096}

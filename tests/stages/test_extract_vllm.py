@@ -21,9 +21,9 @@ httpx = pytest.importorskip("httpx")
 
 
 def _job(tmp: Path, model_dir: Path, tokd: Path, aux=(2, 4, 5), dtype="float32", **vllm):
+    from contracts.extract import VllmParams
     from workers.stages.extract.backends import ExtractJob
     from workers.stages.extract.layers import resolve_layers
-    from workers.stages.extract.params import VllmParams
 
     target = target_input(model_dir)
     plan = resolve_layers(target["config"], "eagle3", list(aux))
@@ -186,8 +186,8 @@ HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 
 
 def test_server_lifetime_ready_and_stopped(tmp_path):
-    from workers.stages.common import StageError
     from procgroup import free_port
+    from workers.stages.common import StageError
     from workers.stages.vllm_server import VllmServer
 
     port = free_port()

@@ -7,9 +7,9 @@ from functools import partial
 
 import pytest
 
+from contracts.generate import GenerateParams
 from workers.stages.common import StageError
 from workers.stages.generate.backends.base import truncate_at_stop
-from workers.stages.generate.params import GenerateParams
 from workers.stages.generate.plan import RecordJob, answer_positions, turn_seed
 from workers.stages.generate.render import opens_think, split_reasoning
 from workers.stages.generate.shards import ShardStore, assemble, shard_row

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from contracts.generate import VllmParams
+from procgroup import free_port
 from tests.stages.conftest import REPO, target_input
 from tests.stages.generate_support import (
     fake_executable,
@@ -26,8 +28,6 @@ from tests.stages.generate_support import (
 )
 from workers.stages.common import StageError
 from workers.stages.generate.backends.base import GenRequest, SamplingConfig
-from procgroup import free_port
-from workers.stages.generate.params import VllmParams
 from workers.stages.generate.backends.vllm import (
     ResponseError,
     build_completion_payload,

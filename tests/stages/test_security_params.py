@@ -211,17 +211,17 @@ def _builder_commands(type_: str, params: dict, tmp: Path, target: Path) -> list
 
     port = free_port()
     if type_ == "generate":
+        from contracts.generate import GenerateParams
         from workers.stages.generate.backends.vllm import build_serve_command
-        from workers.stages.generate.params import GenerateParams
 
         p = GenerateParams.model_validate(params)
         return [build_serve_command(p.vllm, "/models/t", port=port, served_name="m")]
     if type_ == "extract":
+        from contracts.extract import ExtractParams
         from tests.stages.conftest import target_input
         from workers.stages.extract.backends import ExtractJob
         from workers.stages.extract.backends.vllm import server_command
         from workers.stages.extract.layers import resolve_layers
-        from workers.stages.extract.params import ExtractParams
 
         p = ExtractParams.model_validate(params)
         t = target_input(target)
@@ -232,15 +232,15 @@ def _builder_commands(type_: str, params: dict, tmp: Path, target: Path) -> list
                          work_dir=tmp, workers=1, vllm=p.vllm)
         return [server_command(job, port, tmp / "staging", 64, 1)]
     if type_ == "train":
+        from contracts.train import TrainParams
         from workers.stages.train import launch
-        from workers.stages.train.params import TrainParams
 
         p = TrainParams.model_validate(params)
         return [launch.vllm_server_command("/models/t", [1], 2, tmp, port, 1, 64,
                                            p.online.gpu_memory_utilization, p.online),
                 launch.torchrun_command(2, tmp / "w.json")]
     if type_ == "evaluate":
-        from workers.stages.evaluate.params import EvalParams
+        from contracts.evaluate import EvalParams
         from workers.stages.evaluate.vllm_metrics import serve_command as eval_serve
 
         p = EvalParams.model_validate(params)

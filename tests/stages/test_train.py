@@ -26,10 +26,10 @@ def _run(spec: dict) -> tuple[dict, StageContext]:
 def test_dflash_trains_and_saves_a_reloadable_drafter(train_data, tmp_path):
     from speculators.model import SpeculatorModel
 
+    from contracts.train import TrainParams
+    from workers.stages.kernel import parse_params
     from workers.stages.train import build
     from workers.stages.train.job import resolve_job
-    from workers.stages.kernel import parse_params
-    from workers.stages.train.params import TrainParams
 
     target, tok, hs = train_data
     spec = ts.train_spec(tmp_path, target, tok, hs, ts.dflash_params(max_steps=30))

@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from contracts.train import OnlineParams, TrainParams
 from workers.stages.common import StageError
+from workers.stages.kernel import parse_params as _parse
 from workers.stages.train import build, launch
 from workers.stages.train.job import resolve_job
-from workers.stages.kernel import parse_params as _parse
-from contracts.train import OnlineParams
-from workers.stages.train.params import TrainParams
 
 parse_params = partial(_parse, TrainParams)
 

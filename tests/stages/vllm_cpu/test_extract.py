@@ -83,13 +83,13 @@ def test_vllm_cpu_hidden_states_connector_fails_as_the_refusal_says(vllm_train_d
     and the server gone afterwards."""
     if on_gpu():
         pytest.skip("the CPU build's failure; a GPU extracts (test_extract_with_vllm)")
+    from contracts.extract import ExtractParams
+    from procgroup import group_alive
     from workers.stages.extract.backends import ExtractJob, open_rows, read_input_ids
     from workers.stages.extract.backends.vllm import extract
     from workers.stages.extract.layers import LayerPlan
-    from workers.stages.extract.params import ExtractParams
     from workers.stages.kernel import parse_params
     from workers.stages.vllm_server import failure_reason
-    from procgroup import group_alive
 
     spec = _spec(vllm_train_data, tmp_path)
     p = parse_params(ExtractParams, spec["params"])

@@ -22,11 +22,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from contracts.evaluate import EvalParams
 from workers.stages.common import StageContext, StageError, template_sha256
 from workers.stages.evaluate.drafter import check_fit, read_drafter
-from workers.stages.evaluate.params import EvalParams, template_mismatch
-from workers.stages.kernel import input_error, parse_params, require_input
+from workers.stages.evaluate.params import template_mismatch
 from workers.stages.evaluate.verdict import verdict
+from workers.stages.kernel import input_error, parse_params, require_input
 
 __all__ = ["run"]
 

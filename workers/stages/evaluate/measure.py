@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from contracts.evaluate import EvalParams
 from workers.stages.common import StageContext, StageError
 from workers.stages.evaluate.data import (
     Row,
@@ -14,7 +15,6 @@ from workers.stages.evaluate.data import (
     prompts_from_rows,
 )
 from workers.stages.evaluate.drafter import DrafterSpec, load_drafter, untrained_like
-from workers.stages.evaluate.params import EvalParams
 from workers.stages.evaluate.proposers import make_proposer
 from workers.stages.evaluate.specdec import (
     acceptance_stats,

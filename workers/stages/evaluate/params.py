@@ -1,13 +1,9 @@
-"""Typed params and inputs of the `evaluate` stage, validated before anything is loaded."""
+"""The evaluate stage's check that its data was made under the evaluation's chat template and
+thinking mode (the params model is contracts/evaluate.py)."""
 
 from __future__ import annotations
 
 import json
-
-from contracts.evaluate import (  # noqa: F401  the models live in contracts/ (the API validates with them too)
-    EvalParams,
-    Measure,
-)
 
 
 def _generation_meta(meta: dict) -> tuple[dict | None, str | None]:

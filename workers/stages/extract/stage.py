@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from contracts.extract import ExtractParams
 from workers.stages.common import StageContext, StageError
 from workers.stages.extract.backends import ExtractJob, get_backend
 from workers.stages.extract.layers import LayerPlan, is_hybrid, resolve_layers
-from workers.stages.extract.params import ExtractParams
 from workers.stages.extract.planner import check_disk, estimate_hidden_state_bytes
 from workers.stages.extract.writer import folder_bytes, samples, scan_finished, write_sample
 from workers.stages.kernel import parse_params, publish, require_input, target_config

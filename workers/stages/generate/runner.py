@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from contracts.generate import GenerateParams
 from workers.stages.common import StageContext, StageError
 from workers.stages.failures import FailureLog
 from workers.stages.generate.backends.base import GenerateBackend, GenRequest, GenResult
-from workers.stages.generate.params import GenerateParams
 from workers.stages.generate.plan import RecordJob, turn_seed
 from workers.stages.generate.render import PromptRenderer, RenderError, opens_think, split_reasoning
 from workers.stages.generate.shards import ShardStore, shard_row

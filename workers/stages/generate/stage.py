@@ -1,7 +1,7 @@
 """The `generate` stage: dataset + target -> dataset whose assistant turns are the target's.
 
     inputs  {"dataset": {"path", "meta"}, "target": {resolved target}}
-    params  see params.py
+    params  contracts/generate.py
     output  artifact "dataset" (kind dataset): data.parquet (records.py layout, same ids and
             sources, system/user/tool turns kept, answered assistant turns replaced, the
             generated reasoning in `reasoning`), token_ids.parquet (per generated turn: id,
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from contracts.generate import GenerateParams
 from contracts.target import text_value
 from workers.stages.common import StageContext, StageError
 from workers.stages.failures import FailureLog
 from workers.stages.generate.backends.base import GenerateBackend, SamplingConfig
-from workers.stages.generate.params import GenerateParams
 from workers.stages.generate.render import PromptRenderer
 from workers.stages.generate.runner import Runner, RunState, check_failure_budget
 from workers.stages.generate.shards import (

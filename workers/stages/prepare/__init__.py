@@ -3,7 +3,7 @@
     inputs  dataset: {"path", "meta"}        a dataset artifact (records.py layout)
             target:  resolved target          {"path", "tokenizer_path", "chat_template",
                                                "chat_template_kwargs", "config"}
-    params  PrepareParams (params.py)
+    params  PrepareParams (contracts/prepare.py)
     output  artifact "tokenized" (kind `tokenized`), layout in writer.py
 
 Every record either becomes rows or one line of `rejects.jsonl` with a stable reason
@@ -30,8 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
+from contracts.prepare import PrepareParams
 from workers.stages.common import StageContext, StageError
 from workers.stages.failures import FailureLog
+from workers.stages.kernel import input_error, parse_params, publish, require_input
 from workers.stages.prepare.masks import (
     Masker,
     build_masker,
@@ -40,8 +42,6 @@ from workers.stages.prepare.masks import (
     tokenize_batch,
     tokenize_record,
 )
-from workers.stages.kernel import input_error, parse_params, publish, require_input
-from workers.stages.prepare.params import PrepareParams
 from workers.stages.prepare.pool import (
     STAT_KEYS,
     ChunkResult,
@@ -50,8 +50,8 @@ from workers.stages.prepare.pool import (
     run_chunks,
 )
 from workers.stages.prepare.spans import RecordRejected
-from workers.stages.prepare.tokenrows import TURNS_KEY, TokenIndex
 from workers.stages.prepare.templates import check_template, resolve_template_text, template_sha256
+from workers.stages.prepare.tokenrows import TURNS_KEY, TokenIndex
 from workers.stages.prepare.vocab import (
     TokenCounter,
     save_token_freq,

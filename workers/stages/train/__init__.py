@@ -27,10 +27,10 @@ from contextlib import nullcontext
 from importlib.util import find_spec
 from pathlib import Path
 
+from contracts.train import TrainParams
 from procgroup import free_port
 from workers.stages.common import StageContext, StageError
 from workers.stages.kernel import parse_params
-from workers.stages.train.params import TrainParams
 
 __all__ = ["run", "TrainParams"]
 

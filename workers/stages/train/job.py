@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from contracts.target import text_config
+from contracts.train import TrainParams
 from workers.stages.common import StageError
 from workers.stages.extract.layers import resolve_layers, validate_layer_ids
 from workers.stages.kernel import require_input, target_config
-from workers.stages.train.params import TrainParams
 
 ATTENTION_IMPLS = {"sdpa": "sdpa", "eager": "eager", "flex": "simple_flex_attention"}
 

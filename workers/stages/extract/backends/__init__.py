@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.extract import VllmParams
 from workers.stages.extract.layers import LayerPlan
-from workers.stages.extract.params import VllmParams
 
 Progress = Callable[[int, int], None]
 

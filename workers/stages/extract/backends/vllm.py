@@ -35,11 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from contracts.extract import VllmParams
 from procgroup import free_port
 from workers.stages.common import StageError
 from workers.stages.extract.backends import ExtractJob, Progress, open_rows, read_input_ids
 from workers.stages.extract.layers import LayerPlan, is_hybrid
-from workers.stages.extract.params import VllmParams
 from workers.stages.extract.writer import torch_dtype, write_sample
 from workers.stages.vllm_server import VllmServer, failure_reason, option_flags, serve_command
 

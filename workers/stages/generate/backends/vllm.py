@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from contracts.generate import VllmParams
 from procgroup import free_port
 from workers.stages.common import StageError
 from workers.stages.generate.backends.base import (
@@ -29,7 +30,6 @@ from workers.stages.generate.backends.base import (
     OnResult,
     SamplingConfig,
 )
-from workers.stages.generate.params import VllmParams
 from workers.stages.vllm_server import VllmServer, option_flags, serve_command
 
 SERVED_NAME = "draftyard-target"
