@@ -147,7 +147,8 @@ def test_backend_choice_eos_ids_and_gpu_count(tmp_path, monkeypatch):
     )
 
     assert resolve_backend("auto") == "hf"  # no CUDA here
-    assert resolve_backend("auto", ["/opt/vllm/bin/vllm", "serve"]) == "hf"
+    monkeypatch.setenv("DRAFTYARD_VLLM_COMMAND", "/opt/vllm/bin/vllm")  # a vLLM, no GPU
+    assert resolve_backend("auto") == "hf"
     assert resolve_backend("vllm") == "vllm"
     # EOS ids: generation_config first, then config, then the tokenizer; each once.
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645,
