@@ -105,7 +105,7 @@ def estimate(chain: dict[str, dict], jobs_gpus: dict[str, int], target: dict,
         wall_h = (gpu_h / g if gpu_s else cpu_s / 3600.0)
         out.append({"stage": stage, "gpus": 0 if not gpu_s else g,
                     "gpu_hours": round(gpu_h, 4), "wall_hours": round(wall_h, 4),
-                    "disk_bytes": int(disk), "tokens": int(tokens), "basis": basis})
+                    "disk_bytes": int(disk), "tokens": round(tokens), "basis": basis})
 
     if "generate" in chain:
         gp = chain["generate"]
