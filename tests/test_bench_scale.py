@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # the bench end to end (~1 min of stage processes); make test-all
 def test_scale_bench_runs_at_a_tiny_size():
     p = subprocess.run([sys.executable, "bench/scale.py", "--sizes", "240", "--quick"],
                        cwd=REPO, capture_output=True, text=True, timeout=900)

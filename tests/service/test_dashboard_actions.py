@@ -41,19 +41,37 @@ def _text(d, css: str) -> str:
 def _click(d, label: str, answer: str | None = None) -> None:
     """Click the action button whose text starts with `label`, then accept its confirmation
     (or type `answer` into its prompt)."""
-    from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
     wait = WebDriverWait(d, 30)
-    btn = wait.until(lambda d: next((b for b in d.find_elements(By.CSS_SELECTOR, "button.act")
-                                     if b.text.startswith(label)), None))
-    btn.click()
+    _press(d, label)
     alert = wait.until(ec.alert_is_present())
     assert alert.text, "no confirmation text"
     if answer is not None:
         alert.send_keys(answer)
     alert.accept()
+
+
+def _press(d, label: str) -> None:
+    """Click the action button whose text starts with `label`; the page re-renders as it
+    polls, so find and click in one go, again if the button went stale in between."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def press(d) -> bool:
+        try:
+            btn = next((b for b in d.find_elements(By.CSS_SELECTOR, "button.act")
+                        if b.text.startswith(label)), None)
+            if btn is None:
+                return False
+            btn.click()
+            return True
+        except StaleElementReferenceException:
+            return False
+
+    WebDriverWait(d, 30).until(press)
 
 
 def _login(d, server, token) -> None:
@@ -110,10 +128,7 @@ def test_job_page_cancel_retry_hold_release_priority(api, worker, server, browse
         wait_for(lambda: "Hold" in _text(d, "#job-actions"), 20, 0.2, "the member's buttons")
         assert "Priority" not in _text(d, "#job-actions")
         # dismissing the confirmation does nothing
-        from selenium.webdriver.common.by import By
-
-        next(b for b in d.find_elements(By.CSS_SELECTOR, "button.act")
-             if b.text == "Cancel").click()
+        _press(d, "Cancel")
         d.switch_to.alert.dismiss()
         assert member.job(mine["id"])["status"] in ("queued", "pending")
     finally:

@@ -40,7 +40,7 @@ def test_sigkill_worker_mid_generate_then_retry_every_record_once(api, worker, h
     assert ds["status"] == "ready" and ds["num_records"] == N
 
     gpu_workers.start("gk1")
-    job = api.submit(type="generate", gpus=1,
+    job = api.submit(type="generate", gpus=1, keep=True,  # its scratch (the shards) stays
                      inputs={"dataset": ds["id"], "target": tgt.json()["id"]},
                      params={"backend": "hf", "max_tokens": 40, "temperature": 0.0,
                              "batch_size": 2, "shard_records": 2,
@@ -66,7 +66,9 @@ def test_sigkill_worker_mid_generate_then_retry_every_record_once(api, worker, h
     for name, data in before.items():
         assert (shards / name).read_bytes() == data
     assert sum(pq.read_metadata(q).num_rows for q in shards.glob("shard-*.parquet")) == N
-    assert j["metrics_summary"]["resumed_records"] == done_at_kill
+    # the stage may finish a shard in the moment between the worker's death and its own
+    # (its watch on the worker): attempt 2 resumes from every whole shard, at least those
+    assert done_at_kill <= j["metrics_summary"]["resumed_records"] < N
 
     art = api.get(f"/v1/artifacts/{j['outputs'][0]}").json()
     assert art["kind"] == "dataset" and art["meta"]["num_records"] == N, art

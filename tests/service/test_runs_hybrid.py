@@ -144,6 +144,7 @@ def _trained_beats_untrained(api, home, hybrid, name: str, **size) -> None:
           f"{rep['tau_sim']:.3f}, oov share {rep['oov_share']}, run {took:.0f} s")
 
 
+@pytest.mark.slow  # a whole hybrid run (~80 s); tests/service/test_runs.py runs a whole run in make test
 def test_hybrid_whole_run_trained_beats_untrained(api, worker, home, hybrid):
     _trained_beats_untrained(api, home, hybrid, "hybrid-short", steps=60, max_tokens=32,
                              prompts=8)

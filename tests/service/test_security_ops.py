@@ -78,6 +78,7 @@ def test_a_dataset_by_path_is_held_to_the_decompressed_cap(ops):
     assert fine["status"] == "ready" and fine["num_records"] == 1000, fine
 
 
+@pytest.mark.slow  # a 14-s outage and its recovery: ~90 s; make test-all
 def test_dispatch_resumes_promptly_after_redis_returns(ops):
     """Redis down for 14 s, then back (empty): a job submitted then runs within ~2 s. Before,
     the worker's consumer waited out kombu's reconnect backoff (tries 2, 6, 12, 20, 30 s

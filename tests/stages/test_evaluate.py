@@ -292,7 +292,8 @@ def test_stage_writes_report_plot_and_rejects_below_min_tau(tiny_target, dflash_
                        "tau_sim_baseline": report["baseline"]["tau_sim"], "verdict": "reject",
                        "verdict_reason": report["verdict_reason"],
                        "oov_share": diag["draft_vocab"]["oov_share"],
-                       "acceptance_rate_per_position": report["acceptance_rate_per_position"]}
+                       "acceptance_rate_per_position": report["acceptance_rate_per_position"],
+                       "evaluated_on": None}  # a lone evaluate job: no run said what it holds
     art = [ev["data"] for ev in _events(tmp_path) if ev["kind"] == "artifact"]
     assert art and art[0]["kind"] == "eval_report" and art[0]["path"] == "report"
 
