@@ -16,7 +16,7 @@ from app.core.auth import Principal
 from app.core.db import is_sqlite, unit_of_work, utcnow
 from app.core.errors import Conflict
 from app.core.jsonresp import SafeJSONResponse
-from app.core.reads import plain
+from app.core.reads import body_of
 from app.models import IdempotencyKey
 
 TTL = timedelta(hours=24)
@@ -65,7 +65,7 @@ def idempotent(session: Session, user: Principal, key: str | None, body: object,
     """Answer with `make()` (a read model) once per (user, key); replay the stored answer
     afterwards."""
     if not key:
-        return SafeJSONResponse(jsonable_encoder(plain(make())), status_code=status_code)
+        return SafeJSONResponse(jsonable_encoder(body_of(make(), user)), status_code=status_code)
     digest = _digest(body)
     _serialise(session, user.id, key[:200])
     row = session.get(IdempotencyKey, (user.id, key[:200]))
@@ -79,7 +79,7 @@ def idempotent(session: Session, user: Principal, key: str | None, body: object,
                            code="idempotency_key_reused", param="Idempotency-Key")
         return SafeJSONResponse(row.body, status_code=row.status_code,
                               headers={"Idempotent-Replayed": "true"})
-    out = jsonable_encoder(plain(make()))
+    out = jsonable_encoder(body_of(make(), user))
     session.add(IdempotencyKey(user_id=user.id, key=key[:200], request_hash=digest,
                                status_code=status_code, body=out))
     session.flush()
