@@ -141,10 +141,11 @@ class Source:
 
     def _open_parquet(self):
         import pyarrow as pa
-        import pyarrow.parquet as pq
+
+        from workers.stages.records import open_parquet
 
         try:
-            return pq.ParquetFile(self._raw)
+            return open_parquet(self._raw)
         except (pa.ArrowException, OSError) as e:
             raise ReaderError(f"{self.path} is not a readable Parquet file: {e}") from e
 
