@@ -18,6 +18,7 @@ from contracts.jobtypes import JOB_TYPES
 from contracts.spec import StageSpec
 from procgroup import watch_parent
 from workers.stages.common import StageContext, StageError, check_roots, read_spec
+from workers.stages.memory import STREAMING_STAGES, lean_allocators
 
 # Every job type, and `plan` (the API's dry run of a run's body, never a job).
 STAGES = (*JOB_TYPES, "plan")
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     spec["type"] = args.type
+    if args.type in STREAMING_STAGES:
+        lean_allocators()  # before the stage imports pyarrow
     ctx = StageContext.from_spec(spec)
     mod = importlib.import_module(f"workers.stages.{args.type}")
     try:

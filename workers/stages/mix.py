@@ -46,9 +46,12 @@ from contracts.mix import MixParams
 from workers.stages.common import StageContext
 from workers.stages.kernel import input_error, parse_input, parse_params, publish
 from workers.stages.ingest.stats import DatasetStats
-from workers.stages.records import DATA_FILE, SCHEMA, DatasetWriter
+from workers.stages.records import DATA_FILE, SCHEMA, DatasetWriter, open_parquet
 
-BATCH_ROWS = 8192
+BATCH_ROWS = 8192  # output row groups
+# Rows read at a time from each source: six sources are open at once in the write phase, so
+# their batches are most of the stage's memory (8192-row batches of long records: ~200 MB).
+READ_ROWS = 2048
 
 
 class MixSource(BaseModel):
@@ -114,8 +117,8 @@ def _kept_rows(paths: list[Path], dedupe: bool, ctx: StageContext) -> tuple[list
     digests = np.empty(total, dtype=np.uint64)
     pos = 0
     for p in paths:
-        for batch in pq.ParquetFile(p / DATA_FILE).iter_batches(batch_size=BATCH_ROWS,
-                                                               columns=["messages"]):
+        for batch in open_parquet(p / DATA_FILE).iter_batches(batch_size=READ_ROWS,
+                                                             columns=["messages"]):
             d = prompt_digests(batch.column(0))
             digests[pos:pos + len(d)] = d
             pos += len(d)
@@ -169,7 +172,7 @@ class _Stream:
             head = pa.scalar(f"{prefix}/")
             tail = pa.scalar(f"#{k}" if k else "")
             start = 0
-            for batch in pq.ParquetFile(path / DATA_FILE).iter_batches(batch_size=BATCH_ROWS):
+            for batch in open_parquet(path / DATA_FILE).iter_batches(batch_size=READ_ROWS):
                 n = batch.num_rows
                 lo, hi = np.searchsorted(sel, [start, start + n])
                 start += n

@@ -19,13 +19,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from contracts.split import SplitParams, held_out_count
 from workers.stages.common import StageContext, StageError
 from workers.stages.ingest.stats import DatasetStats
 from workers.stages.kernel import input_error, parse_params, publish, require_input
-from workers.stages.records import DATA_FILE, SCHEMA, DatasetWriter
+from workers.stages.records import DATA_FILE, SCHEMA, DatasetWriter, open_parquet
 
 
 def held_out_mask(records: int, p: SplitParams) -> np.ndarray:
@@ -43,7 +42,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
     src = Path(require_input(spec, "dataset", what="a dataset")["path"])
     if not (src / DATA_FILE).is_file():
         raise input_error("inputs.dataset.path", f"no dataset at {src} (missing {DATA_FILE})")
-    pf = pq.ParquetFile(src / DATA_FILE)
+    pf = open_parquet(src / DATA_FILE)
     total = pf.metadata.num_rows
     mask = held_out_mask(total, p)
     if not mask.any():

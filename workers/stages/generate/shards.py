@@ -29,6 +29,7 @@ from workers.stages.records import (
     TOKEN_IDS_FILE,
     DatasetWriter,
     from_row,
+    open_parquet,
     to_row,
 )
 
@@ -110,7 +111,7 @@ class ShardStore:
 
     def iter_rows(self) -> Iterator[dict]:
         for p in self.shards():
-            for batch in pq.ParquetFile(p).iter_batches(batch_size=1024):
+            for batch in open_parquet(p).iter_batches(batch_size=1024):
                 yield from batch.to_pylist()
 
 

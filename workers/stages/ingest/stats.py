@@ -118,12 +118,10 @@ class DatasetStats:
 
 def dataset_stats(folder: str | Path, batch_rows: int = 8192) -> dict:
     """Statistics of a dataset artifact folder, streaming its row groups."""
-    import pyarrow.parquet as pq
-
-    from workers.stages.records import DATA_FILE
+    from workers.stages.records import DATA_FILE, open_parquet
 
     st = DatasetStats()
-    pf = pq.ParquetFile(Path(folder) / DATA_FILE)
+    pf = open_parquet(Path(folder) / DATA_FILE)
     for batch in pf.iter_batches(batch_size=batch_rows, columns=["messages", "tools"]):
         st.update(batch)
     return st.result()

@@ -180,7 +180,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
     if folder.exists():  # a retried job starts from a clean folder
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    writer = TokenizedWriter(folder, Path(ctx.work_dir) / "prepare_rows")
+    writer = TokenizedWriter(folder)
     # In the job folder, so the list outlives a job that stops on its reject budget.
     rejects = FailureLog(Path(ctx.work_dir) / REJECTS_FILE)
     template_errors: Counter = Counter()

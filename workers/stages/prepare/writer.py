@@ -15,14 +15,21 @@ next to `token_freq.pt` (token id -> count over masked tokens, speculators'
 vocabulary size is set (the names `speculators train --draft-vocab-size N` looks for in its
 data path), `rejects.jsonl` and `prepare_meta.json`.
 
-Rows stream into an Arrow IPC file in the job's scratch folder while workers produce them;
-`finish` turns it into the `save_to_disk` layout with datasets' public API.
+Rows stream straight into the folder's shards while workers produce them, as `save_to_disk`
+writes them (datasets' own `ArrowWriter`: Arrow IPC stream files with the features in the schema
+metadata), a new shard once the next batch would pass `max_shard_size`. The shard count is
+known only at the end, so shards are written as `.shard-<i>.arrow.part` and `finish` renames
+them to `data-<i>-of-<N>.arrow` and writes `state.json` and `dataset_info.json`. Memory stays
+one batch whatever the number of rows (the earlier scratch file + `Dataset.from_file` +
+`save_to_disk` memory-mapped the whole set: 4.7 GB of RSS at 800K records, issue 22).
 """
 
 from __future__ import annotations
 
-import shutil
+import hashlib
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +40,8 @@ SCHEMA = pa.schema([
     ("seq_len", pa.int64()),
     ("id", pa.string()),
 ])
+# datasets' `save_to_disk` default (config.MAX_SHARD_SIZE)
+MAX_SHARD_SIZE = "500MB"
 
 
 def rows_to_batch(ids: list[str], input_ids: list[np.ndarray], loss_masks: list[np.ndarray]
@@ -52,42 +61,96 @@ def rows_to_batch(ids: list[str], input_ids: list[np.ndarray], loss_masks: list[
 
 
 class TokenizedWriter:
-    """Streams record batches to scratch, then writes the `save_to_disk` folder."""
+    """Streams record batches into the `save_to_disk` folder's shards (see the module doc)."""
 
-    def __init__(self, folder: Path, scratch: Path):
+    def __init__(self, folder: Path, max_shard_size: str | int = MAX_SHARD_SIZE):
+        from datasets.utils.py_utils import convert_file_size_to_int
+
         self.folder = Path(folder)
-        self.scratch = Path(scratch)
-        self.scratch.mkdir(parents=True, exist_ok=True)
-        self._path = self.scratch / "rows.arrow"
-        self._sink = pa.OSFile(str(self._path), "wb")
-        self._writer = pa.ipc.new_stream(self._sink, SCHEMA)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.max_shard_size = convert_file_size_to_int(max_shard_size)
         self.num_rows = 0
+        self.shard_rows: list[int] = []
+        self._parts: list[Path] = []
+        self._writer = None
+        self._shard_bytes = 0
+
+    def _roll(self) -> None:
+        from datasets.arrow_writer import ArrowWriter
+
+        self._close_shard()
+        part = self.folder / f".shard-{len(self._parts):05d}.arrow.part"
+        self._parts.append(part)
+        self.shard_rows.append(0)
+        self._writer = ArrowWriter(features=_features(), path=str(part))
+        self._shard_bytes = 0
+
+    def _close_shard(self) -> None:
+        if self._writer is not None:
+            self._writer.finalize()
+            self._writer.close()
+            self._writer = None
 
     def write(self, batch: pa.RecordBatch) -> None:
-        if batch.num_rows:
-            self._writer.write_batch(batch)
-            self.num_rows += batch.num_rows
+        if not batch.num_rows:
+            return
+        if self._writer is None or (self._shard_bytes and
+                                    self._shard_bytes + batch.nbytes > self.max_shard_size):
+            self._roll()
+        assert self._writer is not None
+        self._writer.write_table(pa.Table.from_batches([batch]))
+        self._shard_bytes += batch.nbytes
+        self.shard_rows[-1] += batch.num_rows
+        self.num_rows += batch.num_rows
 
-    def finish(self, max_shard_size: str | int = "500MB") -> None:
-        from datasets import Dataset
+    def finish(self) -> list[str]:
+        """Close the last shard, give the shards their final names, write the state and info
+        files `Dataset.load_from_disk` reads. Returns the shard file names."""
+        from datasets.utils.py_utils import asdict
 
-        self._writer.close()
-        self._sink.close()
-        ds = Dataset.from_file(str(self._path))
+        if self._writer is None:
+            self._roll()  # no rows: one empty shard, as save_to_disk writes
+        self._close_shard()
+        n = len(self._parts)
+        names = [f"data-{i:05d}-of-{n:05d}.arrow" for i in range(n)]
+        for part, name in zip(self._parts, names):
+            part.rename(self.folder / name)
+        self._parts = []
+        fingerprint = hashlib.blake2b(json.dumps([self.num_rows, self.shard_rows]).encode(),
+                                      digest_size=8).hexdigest()
         # speculators' ArrowDataset compares rows to hidden-state token ids with torch.equal,
         # so rows must come back as tensors: the format is saved with the data.
-        ds.set_format(type="torch")
-        self.folder.mkdir(parents=True, exist_ok=True)
-        ds.save_to_disk(str(self.folder), max_shard_size=max_shard_size)
-        del ds
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        state: dict[str, Any] = {
+            "_data_files": [{"filename": x} for x in names], "_fingerprint": fingerprint,
+            "_format_columns": None, "_format_kwargs": {}, "_format_type": "torch",
+            "_output_all_columns": False, "_split": None}
+        (self.folder / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+        info = asdict(_info())
+        (self.folder / "dataset_info.json").write_text(
+            json.dumps({k: info[k] for k in sorted(info)}, indent=2))
+        return names
 
     def abort(self) -> None:
         try:
-            self._writer.close()
-            self._sink.close()
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
         finally:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            for part in self._parts:
+                part.unlink(missing_ok=True)
+            self._parts = []
+
+
+def _features():
+    from datasets import Features  # imported only when a writer is made (heavy)
+
+    return Features.from_arrow_schema(SCHEMA)
+
+
+def _info():
+    from datasets import DatasetInfo
+
+    return DatasetInfo(features=_features())
 
 
 def length_percentiles(lengths: np.ndarray) -> dict[str, float]:
