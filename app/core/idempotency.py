@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from fastapi.encoders import jsonable_encoder
+from pydantic import BaseModel
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
@@ -61,7 +62,7 @@ def _serialise(session: Session, user_id: str, key: str) -> None:
 
 
 def idempotent(session: Session, user: Principal, key: str | None, body: object,
-               make: Callable[[], object], status_code: int = 201) -> SafeJSONResponse:
+               make: Callable[[], BaseModel], status_code: int = 201) -> SafeJSONResponse:
     """Answer with `make()` (a read model) once per (user, key); replay the stored answer
     afterwards."""
     if not key:
