@@ -166,7 +166,8 @@ class Supervisor:
         retrying(_started, f"job {self.job_id}: start event", give_up_s())
 
     def _signal_group(self, sig: int) -> None:
-        signal_group(self.proc.pid, sig)  # spawn: a group of its own, whose id is its pid
+        if self.proc is not None:  # started: a group of its own, whose id is its pid
+            signal_group(self.proc.pid, sig)
 
     def kill(self) -> None:
         """SIGKILL the stage's whole group and everything of the attempt, and reap the leader
@@ -302,7 +303,7 @@ class Supervisor:
             with unit_of_work() as s:
                 job = s.get(Job, self.job_id)
                 status = self._status_if_ours(job and (job.status, job.attempt, job.preempt_by))
-                if status == LOST:
+                if job is None or status == LOST:  # (no row is LOST too)
                     return LOST  # another attempt's events and heartbeat are not ours to write
                 for ev in lines:
                     self._apply(s, job, ev)

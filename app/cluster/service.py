@@ -11,8 +11,8 @@ from app.core.auth import Principal
 from app.core.config import get_settings
 from app.core.db import db_now, utcnow
 from app.core.errors import Forbidden, NotFound
+from app.cluster.schemas import NodeGpu, NodeRead, QueueRead, QueueUser
 from app.jobs.lifecycle import queue_changed
-from app.core.reads import plain
 from app.jobs.render import job_models
 from app.jobs.states import ACTIVE, WAITING
 from app.models import Gpu, Job, Node, User
@@ -72,29 +72,29 @@ def set_drain(session: Session, user: Principal, name: str, draining: bool) -> N
     return node
 
 
-def nodes_view(session: Session) -> list[dict]:
+def nodes_view(session: Session) -> list[NodeRead]:
     """Every registered node; `alive` means heartbeating within stale_after_s, `schedulable`
     alive and not draining (what the scheduler places jobs on)."""
     cutoff = db_now(session) - timedelta(seconds=get_settings().stale_after_s)
-    gpus: dict[str, list[dict]] = {}
+    gpus: dict[str, list[NodeGpu]] = {}
     for g in session.scalars(select(Gpu).order_by(Gpu.node, Gpu.index)):
-        gpus.setdefault(g.node, []).append({"index": g.index, "name": g.name,
-                                            "memory_bytes": g.memory_bytes, "job_id": g.job_id})
+        gpus.setdefault(g.node, []).append(NodeGpu(index=g.index, name=g.name,
+                                                   memory_bytes=g.memory_bytes, job_id=g.job_id))
     out = []
     for n in session.scalars(select(Node).order_by(Node.name)):
         hb = n.last_heartbeat if n.last_heartbeat.tzinfo else \
             n.last_heartbeat.replace(tzinfo=cutoff.tzinfo)
         mine = gpus.get(n.name, [])
         alive = n.alive and hb >= cutoff  # the scheduler's own test (node_states)
-        out.append({"name": n.name, "hostname": n.hostname, "alive": alive,
-                    "draining": n.draining, "schedulable": alive and not n.draining,
-                    "last_heartbeat": n.last_heartbeat, "cpu_slots": n.cpu_slots,
-                    "info": n.info, "gpus_total": len(mine),
-                    "gpus_free": sum(1 for g in mine if g["job_id"] is None), "gpus": mine})
+        out.append(NodeRead(name=n.name, hostname=n.hostname, alive=alive,
+                            draining=n.draining, schedulable=alive and not n.draining,
+                            last_heartbeat=n.last_heartbeat, cpu_slots=n.cpu_slots,
+                            info=n.info, gpus_total=len(mine),
+                            gpus_free=sum(1 for g in mine if g.job_id is None), gpus=mine))
     return out
 
 
-def queue_view(session: Session) -> dict:
+def queue_view(session: Session) -> QueueRead:
     active = list(session.scalars(select(Job).where(
         Job.status.in_(ACTIVE)).order_by(Job.started_at)))
     waiting = list(session.scalars(select(Job).where(Job.status.in_(WAITING))
@@ -110,13 +110,13 @@ def queue_view(session: Session) -> dict:
     for j in active:
         running[j.owner_id] = running.get(j.owner_id, 0) + 1
     users = sorted(set(usage) | set(counts) | set(running))
-    return {
-        "running": plain(job_models(session, active)),
-        "waiting": plain(job_models(session, waiting)),
-        "quota_gpus": get_settings().user_gpu_quota or None,
-        "users": [{"id": u, "name": names.get(u), "running": running.get(u, 0),
-                   "gpus_held": usage[u].gpus_held if u in usage else 0,
-                   "gpu_hours_24h": round(usage[u].gpu_hours, 4) if u in usage else 0.0,
-                   "waiting": counts.get(u, (0, 0))[0],
-                   "gpus_waiting": counts.get(u, (0, 0))[1]} for u in users],
-    }
+    return QueueRead(
+        running=job_models(session, active),
+        waiting=job_models(session, waiting),
+        quota_gpus=get_settings().user_gpu_quota or None,
+        users=[QueueUser(id=u, name=names.get(u), running=running.get(u, 0),
+                         gpus_held=usage[u].gpus_held if u in usage else 0,
+                         gpu_hours_24h=round(usage[u].gpu_hours, 4) if u in usage else 0.0,
+                         waiting=counts.get(u, (0, 0))[0],
+                         gpus_waiting=counts.get(u, (0, 0))[1]) for u in users],
+    )

@@ -6,9 +6,10 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.deps import AdminUser, CurrentUser, PageDep, SessionDep
-from app.core.pagination import list_body
+from app.core.reads import typed
 from app.models import User
 from app.users import service
+from app.users.schemas import Me, TokenCreated, UserCreated, UserList, UserRead
 
 router = APIRouter(prefix="/v1", tags=["users"])
 
@@ -35,41 +36,43 @@ class UserUpdate(BaseModel):
     max_priority: int | None = MAX_PRIORITY
 
 
-@router.post("/users", status_code=201)
+@router.post("/users", status_code=201, response_model=UserCreated)
 def create_user(body: UserCreate, admin: AdminUser, session: SessionDep):
     user, tok, secret = service.create_user(session, body.name, body.role.value,
                                             body.max_priority)
     # token_id: the handle to revoke it with (DELETE /v1/tokens/{id}) without a second call.
-    return {**service.user_read(user), "token": secret, "token_id": tok.id}
+    return typed(UserCreated(**dict(UserRead.of(user)), token=secret, token_id=tok.id),
+                 status_code=201)
 
 
-@router.patch("/users/{user_id}")
+@router.patch("/users/{user_id}", response_model=UserRead)
 def update_user(user_id: str, body: UserUpdate, admin: AdminUser,
                 session: SessionDep):
     """An admin grants (or withdraws, with null) a user's priority band (issue 26 item 6)."""
-    return service.user_read(service.set_max_priority(session, user_id, body.max_priority))
+    return typed(UserRead.of(service.set_max_priority(session, user_id, body.max_priority)))
 
 
-@router.get("/users")
+@router.get("/users", response_model=UserList)
 def list_users(page: PageDep, user: CurrentUser,
                session: SessionDep):
     """The team's directory (id, name, role), readable by every member: jobs, runs and
     datasets name their owner by id, and clients show names (the queue already does)."""
     rows, more, nxt = service.list_users(session, page)
-    return list_body([service.user_read(u) for u in rows], more, nxt)
+    return typed(UserList(data=[UserRead.of(u) for u in rows], has_more=more, next_after=nxt))
 
 
-@router.get("/users/me")
+@router.get("/users/me", response_model=Me)
 def me(user: CurrentUser, session: SessionDep):
     row = session.get(User, user.id)
-    return {"id": user.id, "name": user.name, "role": user.role,
-            "max_priority": service.max_priority(row, user.role)}
+    return typed(Me(id=user.id, name=user.name, role=user.role,
+                    max_priority=service.max_priority(row, user.role)))
 
 
-@router.post("/users/{user_id}/tokens", status_code=201)
+@router.post("/users/{user_id}/tokens", status_code=201, response_model=TokenCreated)
 def create_token(user_id: str, user: CurrentUser, session: SessionDep):
     tok, secret = service.new_token(session, user, user_id)
-    return {"id": tok.id, "user_id": tok.user_id, "token": secret, "created_at": tok.created_at}
+    return typed(TokenCreated(id=tok.id, user_id=tok.user_id, token=secret,
+                              created_at=tok.created_at), status_code=201)
 
 
 @router.delete("/tokens/{token_id}", status_code=204)

@@ -65,11 +65,6 @@ def set_max_priority(session: Session, user_id: str, value: int | None) -> User:
     return user
 
 
-def user_read(u: User) -> dict:
-    return {"id": u.id, "name": u.name, "role": u.role, "created_at": u.created_at,
-            "max_priority": max_priority(u, u.role)}
-
-
 def new_token(session: Session, actor: Principal, user_id: str) -> tuple[Token, str]:
     if not (actor.is_admin or actor.id == user_id):
         raise Forbidden("only an admin or the user may create tokens", code="admin_only")

@@ -6,8 +6,9 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.deps import CurrentUser, PageDep, SessionDep
-from app.core.pagination import list_body
+from app.core.reads import typed
 from app.webhooks import service
+from app.webhooks.schemas import DeliveryList, DeliveryRead, HookList, HookRead
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
 
@@ -19,23 +20,23 @@ class WebhookCreate(BaseModel):
         "events to send: " + ", ".join(service.EVENTS)))
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, response_model=HookRead)
 def create_webhook(body: WebhookCreate, user: CurrentUser,
                    session: SessionDep):
     hook, secret = service.create_webhook(session, user, body.url, body.events)
-    return service.hook_read(hook, secret)
+    return typed(HookRead.of(hook, secret), status_code=201)
 
 
-@router.get("")
+@router.get("", response_model=HookList)
 def list_webhooks(page: PageDep, user: CurrentUser,
                   session: SessionDep):
     rows, more, nxt = service.list_webhooks(session, user, page)
-    return list_body([service.hook_read(h) for h in rows], more, nxt)
+    return typed(HookList(data=[HookRead.of(h) for h in rows], has_more=more, next_after=nxt))
 
 
-@router.get("/{hook_id}")
+@router.get("/{hook_id}", response_model=HookRead)
 def get_webhook(hook_id: str, user: CurrentUser, session: SessionDep):
-    return service.hook_read(service.get_webhook(session, user, hook_id))
+    return typed(HookRead.of(service.get_webhook(session, user, hook_id)))
 
 
 @router.delete("/{hook_id}", status_code=204)
@@ -44,10 +45,11 @@ def delete_webhook(hook_id: str, user: CurrentUser, session: SessionDep):
     return Response(status_code=204)
 
 
-@router.get("/{hook_id}/deliveries")
+@router.get("/{hook_id}/deliveries", response_model=DeliveryList)
 def deliveries(*, hook_id: str, status: str | None = Query(None, pattern="^(pending|delivered|failed)$"),
                page: PageDep, user: CurrentUser,
                session: SessionDep):
     hook = service.get_webhook(session, user, hook_id)
     rows, more, nxt = service.list_deliveries(session, hook, page, status)
-    return list_body([service.delivery_read(d) for d in rows], more, nxt)
+    return typed(DeliveryList(data=[DeliveryRead.of(d) for d in rows], has_more=more,
+                              next_after=nxt))

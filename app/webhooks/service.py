@@ -115,22 +115,6 @@ def list_deliveries(session: Session, hook: Webhook, page: Page, status: str | N
     return rows, more, (str(rows[-1].id) if more and rows else None)
 
 
-def hook_read(h: Webhook, secret: str | None = None) -> dict:
-    out = {"id": h.id, "url": h.url, "events": h.events, "owner": h.owner_id,
-           "created_at": h.created_at}
-    if secret is not None:
-        out["secret"] = secret
-    return out
-
-
-def delivery_read(d: WebhookDelivery) -> dict:
-    return {"id": str(d.id), "event_id": d.event_id, "event": d.event, "status": d.status,
-            "attempts": d.attempts, "next_at": d.next_at if d.status == "pending" else None,
-            "last_status_code": d.last_status_code, "last_error": d.last_error,
-            "created_at": d.created_at, "delivered_at": d.delivered_at,
-            "payload": json.loads(d.body)}
-
-
 # ---- the outbox ---------------------------------------------------------------------------
 
 def enqueue(session: Session, owner_id: str, event: str, data: dict) -> str | None:

@@ -85,7 +85,11 @@ def test_openapi_names_the_read_models():
                         ("/v1/datasets", "DatasetList"), ("/v1/datasets/{ds_id}", "DatasetRead"),
                         ("/v1/targets", "TargetList"), ("/v1/targets/{target_id}", "TargetRead"),
                         ("/v1/artifacts", "ArtifactList"), ("/v1/artifacts/{art_id}",
-                                                            "ArtifactRead")):
+                                                            "ArtifactRead"),
+                        ("/v1/users", "UserList"), ("/v1/users/me", "Me"),
+                        ("/v1/webhooks", "HookList"), ("/v1/webhooks/{hook_id}", "HookRead"),
+                        ("/v1/webhooks/{hook_id}/deliveries", "DeliveryList"),
+                        ("/v1/queue", "QueueRead"), ("/v1/nodes", "NodeList")):
         schema = paths[path]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
         assert schema == {"$ref": f"#/components/schemas/{model}"}, path
 

@@ -79,6 +79,11 @@ def _safetensors_shapes(folder: Path) -> dict[str, list[int]]:
     return shapes
 
 
+def _first_dim(shape: list[int] | None) -> int | None:
+    """A stored tensor's length, None when it is absent (or a scalar)."""
+    return shape[0] if shape else None
+
+
 def read_drafter(path: Path | str) -> DrafterSpec:
     ckpt = find_checkpoint(path)
     cfg = json.loads((ckpt / "config.json").read_text())
@@ -101,7 +106,7 @@ def read_drafter(path: Path | str) -> DrafterSpec:
         vocab_size=int(tl.get("vocab_size", -1)),
         draft_vocab_size=int(cfg.get("draft_vocab_size", tl.get("vocab_size", -1))),
         aux_layer_ids=list(aux or []), num_speculative_tokens=n_spec,
-        t2d_len=(shapes.get("t2d") or [None])[0], d2t_len=(shapes.get("d2t") or [None])[0],
+        t2d_len=_first_dim(shapes.get("t2d")), d2t_len=_first_dim(shapes.get("d2t")),
         verifier=(spec_cfg.get("verifier") or {}).get("name_or_path"),
     )
 

@@ -123,7 +123,7 @@ class Evaluation:
         refs: list[list[int]] = []
         if "specdec" in measures or rows is None:
             refs = self._references(prompts)
-        steps = None  # per prompt: (anchors, accepted) of real decoding, when lossless
+        steps: list | None = None  # per prompt: (anchors, accepted) of real decoding, when lossless
         if "specdec" in measures:
             plain = self._plain(prompts)
             report.update(self._specdec(prompts, refs, plain, self.runner, self.proposer,
@@ -144,7 +144,7 @@ class Evaluation:
             report.update(res)
             report["tau_sim_source"] = "tokenized rows" if rows is not None else \
                 "prompts + the target's greedy answers"
-            if runs_at is not None:
+            if runs_at is not None and steps:  # runs_at is set only with steps
                 report["tau_sim_on_decode_anchors"] = _same_anchor_agreement(steps, runs)
             if base is not None:
                 res = self._tau_sim(sim_rows, self.base_runner, self.base_proposer,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -104,8 +105,7 @@ def config_context_len(config: dict | None) -> int | None:
 def _input_ids(path: str) -> list[str]:
     ids = pq.read_table(Path(path) / DATA_FILE, columns=["id"]).column("id").to_pylist()
     if len(set(ids)) != len(ids):
-        seen: set[str] = set()
-        dups = sorted({i for i in ids if i in seen or seen.add(i)})[:10]
+        dups = sorted(i for i, n in Counter(ids).items() if n > 1)[:10]
         raise input_error("inputs.dataset", "has duplicate record ids, which resuming by id "
                           "cannot handle", examples=dups)
     return ids

@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from itertools import chain
 from pathlib import Path
+from typing import BinaryIO
 
 import orjson
 from contracts.ingest import IngestParams
@@ -55,7 +56,7 @@ def _validate(spec: dict) -> tuple[IngestParams, SourceFile]:
 class _Rejects:
     """Writes every reject to rejects.jsonl; keeps a sample and reason counts for the meta."""
 
-    def __init__(self, fh):
+    def __init__(self, fh: BinaryIO) -> None:
         self._fh = fh
         self.count = 0
         self.sample: list[dict] = []
@@ -127,11 +128,11 @@ def run(spec: dict, ctx: StageContext) -> dict:
             head = _read_head(items)
         except ReaderError as e:
             raise StageError(e.code, str(e)) from None
-        fmt = params.format
+        fmt: str = params.format
         if fmt == "auto":
             objs: list = []
-            fmt, _ = _detect(head, objs)
-            if fmt is None:
+            detected, _ = _detect(head, objs)
+            if detected is None:
                 what = (f"none of the first {len(objs)} records has a known shape "
                         f"({shape_hint(objs[0])})" if objs else
                         f"no JSON object in the first {len(head)} records")
@@ -139,6 +140,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
                                  f"{path.name}: unknown format: {what}; known formats: "
                                  f"{', '.join(FORMATS)} (force one: --format in the CLI, "
                                  f"the form field or params.format in the API)")
+            fmt = detected
         writer = ThreadedWriter(out, name)
         # Parsed JSON is acyclic, so reference counting frees every record; the cyclic GC
         # would only rescan the batches in flight again and again (measured: it doubles the

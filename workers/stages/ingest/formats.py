@@ -20,11 +20,13 @@ from workers.stages.ingest.messages import NoMatch, Reject
 Record = tuple  # (own_id | None, list[Msg], tools_json | None)
 
 # ShareGPT speaker names seen in public dumps (FastChat, LLaMA-Factory, glaive, ShareGPT4).
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "chatgpt": "assistant", "bard": "assistant", "bing": "assistant",
-                  "model": "assistant", "claude": "assistant", "system": "system",
-                  "function_call": "function_call", "observation": "tool", "tool": "tool",
-                  "function": "tool", "function_response": "tool", "tool_response": "tool"}
+# Keyed by role names, looked up with whatever a record holds there (None included).
+SHAREGPT_ROLES: dict[Any, str] = {
+    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+    "chatgpt": "assistant", "bard": "assistant", "bing": "assistant",
+    "model": "assistant", "claude": "assistant", "system": "system",
+    "function_call": "function_call", "observation": "tool", "tool": "tool",
+    "function": "tool", "function_response": "tool", "tool_response": "tool"}
 
 
 def _reasoning(m: dict) -> Any:
@@ -272,7 +274,7 @@ def prompt(obj: dict) -> Record:
     return (_rid(obj), out, None)
 
 
-OASST_ROLES = {"prompter": "user", "assistant": "assistant", "user": "user"}
+OASST_ROLES: dict[Any, str] = {"prompter": "user", "assistant": "assistant", "user": "user"}
 
 
 def _oasst_children(node: dict) -> list:

@@ -167,19 +167,24 @@ class Source:
         self.close()
 
 
+def _buffered(stream: Any) -> io.BufferedReader:
+    # BufferedReader needs only readinto()/readable(); typeshed asks for a RawIOBase, which the
+    # decompressors (BufferedIOBase, zstandard's reader) are not by name.
+    return io.BufferedReader(stream, STREAM_BUF)
+
+
 def _decompressor(magic: bytes, raw) -> tuple[str | None, io.BufferedReader]:
     if magic[:2] == b"\x1f\x8b":
-        return "gzip", io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), STREAM_BUF)
+        return "gzip", _buffered(gzip.GzipFile(fileobj=raw, mode="rb"))
     if magic[:4] == b"\x28\xb5\x2f\xfd":
         import zstandard
 
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=STREAM_BUF)
-        return "zstd", io.BufferedReader(reader, STREAM_BUF)
+        return "zstd", _buffered(zstandard.ZstdDecompressor().stream_reader(raw, read_size=STREAM_BUF))
     if magic[:3] == b"BZh":
-        return "bz2", io.BufferedReader(bz2.BZ2File(raw, "rb"), STREAM_BUF)
+        return "bz2", _buffered(bz2.BZ2File(raw, "rb"))
     if magic[:6] == b"\xfd7zXZ\x00":
-        return "xz", io.BufferedReader(lzma.LZMAFile(raw, "rb"), STREAM_BUF)
-    return None, io.BufferedReader(raw, STREAM_BUF)
+        return "xz", _buffered(lzma.LZMAFile(raw, "rb"))
+    return None, _buffered(raw)
 
 
 def _json_lines(stream, limit: int) -> Iterator[tuple[int, Any]]:
@@ -218,6 +223,14 @@ _SCALAR_END = re.compile(rb"[,\]\s]")
 _SKIP = re.compile(rb"[\s,]*+")
 
 
+def _skip(buf: bytes, pos: int) -> int:
+    """The position after any blanks and commas from pos (the pattern matches the empty string,
+    so it always matches)."""
+    match = _SKIP.match(buf, pos)
+    assert match is not None
+    return match.end()
+
+
 def _json_array(stream, limit: int) -> Iterator[tuple[int, Any]]:
     """Elements of a top-level JSON array, each as its bytes, without parsing the array.
 
@@ -229,7 +242,7 @@ def _json_array(stream, limit: int) -> Iterator[tuple[int, Any]]:
         buf += chunk
         if chunk and len(buf) < 3 and b"\xef\xbb\xbf".startswith(buf):
             continue  # maybe a BOM, not whole yet
-        pos = _SKIP.match(buf, 3 if buf.startswith(b"\xef\xbb\xbf") else 0).end()
+        pos = _skip(buf, 3 if buf.startswith(b"\xef\xbb\xbf") else 0)
         if pos < len(buf) or not chunk:
             break
     if buf[pos:pos + 1] != b"[":
@@ -238,7 +251,7 @@ def _json_array(stream, limit: int) -> Iterator[tuple[int, Any]]:
     eof = False
     index = 0
     while True:
-        pos = _SKIP.match(buf, pos).end()
+        pos = _skip(buf, pos)
         if pos >= len(buf):
             if eof:
                 raise ReaderError(f"the JSON array is not closed (the file ends after element {index})")

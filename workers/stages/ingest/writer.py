@@ -55,8 +55,8 @@ def build_table(name: str, batch: list, unique: UniqueIds) -> pa.Table:
     C-level (zip); it runs in the parsing thread (it needs the GIL throughout)."""
     str_t = pa.string()
     lines, recs = zip(*batch)
-    ids, msgss, tools = zip(*recs)
-    ids = list(ids)
+    own_ids, msgss, tools = zip(*recs)
+    ids = list(own_ids)
     for k, rid in enumerate(ids):
         if rid is not None:
             ids[k] = unique(rid, lines[k])

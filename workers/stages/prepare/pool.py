@@ -136,14 +136,14 @@ def process_chunk(records: list[dict]) -> ChunkResult:
         if isinstance(res, RecordRejected):
             rejects.append((str(rec.get("id")), rec.get("source") or "", res.code, res.detail))
             continue
-        for out in res:
+        for enc in res:
             ids.append(str(rec.get("id")))
-            input_ids.append(out.input_ids)
-            masks.append(out.loss_mask)
-            truncated += out.truncated
-            stats["boundary_splits"] += out.boundary_splits
-            stats["turns_without_end_token"] += out.turns_without_end
-            stats["turns_skipped_empty"] += out.turns_skipped
+            input_ids.append(enc.input_ids)
+            masks.append(enc.loss_mask)
+            truncated += enc.truncated
+            stats["boundary_splits"] += enc.boundary_splits
+            stats["turns_without_end_token"] += enc.turns_without_end
+            stats["turns_skipped_empty"] += enc.turns_skipped
     f_ids, f_counts = chunk_frequencies(input_ids, masks)
     lengths = np.fromiter((len(x) for x in input_ids), dtype=np.int64, count=len(input_ids))
     masked = int(sum(int(m.sum()) for m in masks))

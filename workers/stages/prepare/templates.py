@@ -75,7 +75,12 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     `modifies_known_mutable` look at.
     """
 
-    def __init__(self, *args, **kwargs):
+    # What a tracked render collects (ChatTemplate.render_tracked sets both, _GenerationTracker
+    # appends to them); None outside one.
+    generation_blocks: list[str] | None = None
+    generation_spans: list[tuple[int, int]] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._safe: dict[tuple[type, str], bool] = {}
 
@@ -163,6 +168,7 @@ class ChatTemplate:
                        ) -> tuple[str, list[tuple[int, int]]]:
         """Render and return the character spans of the `{% generation %}` blocks."""
         env = self._tmpl.environment
+        assert isinstance(env, _Sandbox)  # _compile builds every template in one
         blocks: list[str] = []
         spans: list[tuple[int, int]] = []
         env.generation_blocks, env.generation_spans = blocks, spans

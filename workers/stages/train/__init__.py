@@ -23,7 +23,7 @@ hidden states with the HF target in-process).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -70,7 +70,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
         ctx.warning("distributed=fsdp with one process: training without sharding")
 
     work_dir = Path(job.work_dir)
-    server = nullcontext()
+    server: AbstractContextManager[VllmServer | None] = nullcontext()
     if source == "vllm":
         port = p.online.port or free_port()
         cmd = launch.vllm_server_command(

@@ -81,14 +81,19 @@ class HFTargetTransfer(HiddenStatesTransfer):
         self._model = model
         self._rows = load_from_disk(self.tokenized_path).with_format("torch")
 
+    def _loaded(self) -> tuple[Any, Any]:
+        """(the target model, the tokenized rows), loaded on first use."""
+        if self._model is None:
+            self._load()
+        return self._model, self._rows
+
     def get_cached(self, file_idx: int):
         import torch
 
-        if self._model is None:
-            self._load()
-        ids = self._rows[file_idx]["input_ids"].to(torch.long)
+        model, rows = self._loaded()
+        ids = rows[file_idx]["input_ids"].to(torch.long)
         with torch.no_grad():
-            out = self._model(input_ids=ids[None].to(self.device), output_hidden_states=True,
+            out = model(input_ids=ids[None].to(self.device), output_hidden_states=True,
                               logits_to_keep=1)
         layers = [out.hidden_states[i][0] for i in self.layer_ids] + [self._last["x"][0]]
         hs = torch.stack(layers, dim=1).float().cpu()  # [seq, n_aux + 1, hidden]

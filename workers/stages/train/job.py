@@ -128,6 +128,7 @@ def _offline_layers(hs_path: str, meta: dict, requested: list[int] | None, n_lay
         _need(requested is not None and len(requested) == shape[1] - 1, "invalid_input",
               "hidden_states meta has no `layer_ids`; set drafter.target_layer_ids to the "
               f"{shape[1] - 1} aux layers the files hold")
+        assert requested is not None  # _need raised otherwise
         stored = list(requested)
     stored = [int(i) for i in stored]
     _need(len(stored) == shape[1] - 1, "invalid_input", f"hidden_states meta lists layer_ids "
@@ -176,8 +177,10 @@ def resolve_job(spec: dict, params: TrainParams, source: str, cuda: bool,
     target_path, tokenizer_path, cfg = _target(spec)
     n_layers, hidden, vocab = (cfg.get("num_hidden_layers"), cfg.get("hidden_size"),
                                cfg.get("vocab_size"))
-    _need(all(isinstance(x, int) and x > 0 for x in (n_layers, hidden, vocab)),
-          "invalid_input", "target config lacks num_hidden_layers/hidden_size/vocab_size")
+    if not (isinstance(n_layers, int) and n_layers > 0 and isinstance(hidden, int) and hidden > 0
+            and isinstance(vocab, int) and vocab > 0):
+        raise StageError("invalid_input",
+                         "target config lacks num_hidden_layers/hidden_size/vocab_size")
     tokenized_path, rows, row0, longest = _tokenized(spec)
     d = params.drafter
     hs = (spec.get("inputs") or {}).get("hidden_states")

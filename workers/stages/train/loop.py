@@ -101,7 +101,8 @@ class Run:
         if topo.is_main:
             checkpoint.clean_partial(job.work_dir)
         topo.barrier()
-        self.ckpt, self.resumed = _find_checkpoint(job, self._warn)
+        self.ckpt, resumed = _find_checkpoint(job, self._warn)
+        self.resumed: dict = resumed or {}  # the checkpoint's state ({} when none)
         _seed(p.seed, topo.rank)
         model = build.build_model(job)
         if self.ckpt is not None:
@@ -177,6 +178,7 @@ class Run:
                        step=step, dropped=errors)
         if self.topo.is_main:
             self.ctx.metric(step, **out)
+        if self.board is not None:  # the main rank's
             self.board.log(step, out)
         self.state["curve"] = (self.state["curve"] + [[step, out["loss"]]])[-200:]
         return out["loss"]
@@ -212,7 +214,7 @@ class Run:
     # --- evaluation --------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> dict[str, float] | None:
-        if self.val_ds is None:
+        if self.val_ds is None or self.val_plan is None:
             return None
         batches = self.val_plan.epoch(0)
         net = self.model if self.topo.fsdp else self.raw
@@ -235,6 +237,7 @@ class Run:
                **{f"val_{k}": v for k, v in metrics.rename(values).items()}}
         if self.topo.is_main:
             self.ctx.metric(self.state["step"], **out)
+        if self.board is not None:
             self.board.log(self.state["step"], out, prefix="val")
         self.state["val"] = out
         return out
@@ -378,6 +381,7 @@ def train(job: TrainJob, ctx, after_step=None) -> dict:
         if topo.is_main:
             write_json_atomic(Path(job.work_dir) / "launch" / "result.json",
                               {**summary, "step_times": run.step_times})
+        if run.board is not None:
             run.board.close()
         return {**summary, "step_times": run.step_times}
     finally:

@@ -9,12 +9,18 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import torch
 
 from workers.stages.train import checkpoint
+
+# What signal.signal() returns and takes back (typeshed names it only privately).
+_SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 @dataclass
@@ -78,7 +84,7 @@ class StopRequest:
         self.signum: int | None = None
         self._first = 0.0
         self._grace = grace_s
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, _SignalHandler] = {}
 
     def _handle(self, signum, _frame) -> None:
         now = time.monotonic()
