@@ -24,8 +24,10 @@ sample and order.
 
 Ids become `<prefix>/<source id>` where prefix is the source's name (else its dataset_id;
 made unique, `/` replaced), so they stay unique; `source` keeps the original
-`<dataset name>:<line>` for lineage. Memory: one batch per source plus 8 bytes per input
-record for the dedupe digests.
+`<dataset name>:<line>` for lineage. Memory: one batch per source, plus 8 bytes per input
+record for the dedupe digests (a uint64 array; `np.unique` sorts a copy with its index: 24
+bytes per input record at that moment), 8 per unique record kept for the write phase and 1
+per output record for the order.
 """
 
 from __future__ import annotations
@@ -208,9 +210,10 @@ def run(spec: dict, ctx: StageContext) -> dict:
     taken = _scale_down(wanted, params.max_records) if params.max_records else wanted
     passes = [_passes(rows, n, np.random.default_rng([params.seed, i]))
               for i, (rows, n) in enumerate(zip(kept, taken))]
-    # The interleaving: which source each output record comes from, shuffled.
+    # The interleaving: which source each output record comes from, shuffled (the smallest
+    # integer type that holds the source index: 1 byte per output record, not 8).
     labels = np.random.default_rng([params.seed, len(sources), 7]).permutation(
-        np.repeat(np.arange(len(sources)), taken))
+        np.repeat(np.arange(len(sources), dtype=np.min_scalar_type(len(sources))), taken))
 
     out = Path(ctx.out_dir) / "dataset"
     out.mkdir(parents=True, exist_ok=True)
