@@ -3,9 +3,14 @@
 The files are the ones `speculators train` reads from its data path: `token_freq.pt` (a dict
 token id -> count, counted only where loss_mask is 1, like its
 `save_token_frequency_distribution`) and, for a draft vocabulary of N tokens,
-`d2t-N.npy` / `t2d-N.npy` from its own `build_vocab_mappings_from_distribution`
+`d2t-N.npy` / `t2d-N.npy` as its `build_vocab_mappings_from_distribution` builds them
 (d2t: int64 offsets, target id = draft index + d2t[draft index]; t2d: bool over the target
 vocabulary), so `--draft-vocab-size N` finds and loads them instead of recounting.
+
+The mapping is computed here with numpy (`vocab_mapping`; tests/stages/test_prepare_vocab.py
+holds it equal to speculators' function): importing speculators for it made every prepare
+process load the whole library (its models, `datasets`, an OpenAI client), several CPU
+seconds per stage for a sort of a few thousand counts.
 """
 
 from __future__ import annotations
@@ -57,14 +62,30 @@ def target_vocab_size(config: dict | None, tokenizer_len: int) -> int:
     return int(v) if v else int(tokenizer_len)
 
 
+def vocab_mapping(freq: dict[int, int], draft_vocab_size: int,
+                  vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(d2t, t2d) for a draft vocabulary of `draft_vocab_size` tokens: the most frequent
+    trained tokens (ties: the lower id first); when fewer tokens were seen, the lowest ids
+    not yet chosen fill the rest. d2t[i] = (i-th chosen id, ascending) - i; t2d marks the
+    chosen ids over the target's vocabulary."""
+    ids = np.fromiter(freq.keys(), dtype=np.int64, count=len(freq))
+    counts = np.fromiter(freq.values(), dtype=np.int64, count=len(freq))
+    chosen = ids[np.lexsort((ids, -counts))][:draft_vocab_size]
+    if len(chosen) < draft_vocab_size:
+        rest = np.setdiff1d(np.arange(draft_vocab_size, dtype=np.int64), chosen)
+        chosen = np.concatenate([chosen, rest[:draft_vocab_size - len(chosen)]])
+    chosen = np.sort(chosen)
+    d2t = chosen - np.arange(draft_vocab_size, dtype=np.int64)
+    t2d = np.zeros(vocab_size, dtype=bool)
+    t2d[chosen] = True
+    return d2t, t2d
+
+
 def save_vocab_mapping(folder: Path, freq: dict[int, int], draft_vocab_size: int,
                        vocab_size: int) -> tuple[Path, Path]:
-    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
-
-    d2t, t2d = build_vocab_mappings_from_distribution(
-        token_freq_dict=freq, draft_vocab_size=draft_vocab_size, target_vocab_size=vocab_size)
+    d2t, t2d = vocab_mapping(freq, draft_vocab_size, vocab_size)
     d2t_path = Path(folder) / f"d2t-{draft_vocab_size}.npy"
     t2d_path = Path(folder) / f"t2d-{draft_vocab_size}.npy"
-    np.save(d2t_path, d2t.cpu().numpy())
-    np.save(t2d_path, t2d.cpu().numpy())
+    np.save(d2t_path, d2t)
+    np.save(t2d_path, t2d)
     return d2t_path, t2d_path
