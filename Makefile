@@ -31,8 +31,10 @@ demo: install
 
 # Parallel test processes: one per core, at most 4 (each runs its own API and worker; on 2
 # cores the stage processes of one overlap the waits of the other). TEST_JOBS=0 runs serially.
+# --no-loadscope-reorder: groups go out in collection order, which tests/conftest.py sorts
+# longest first (xdist's own order, most tests first, left the one-test whole runs for last).
 TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
-PYTEST_PAR := $(if $(filter 0 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup)
+PYTEST_PAR := $(if $(filter 0 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder)
 
 test: install services
 	$(PY) -m pytest -q $(PYTEST_PAR)

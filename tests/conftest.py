@@ -297,11 +297,33 @@ def pytest_terminal_summary(terminalreporter):
 # A test module runs whole in one test process, so its module fixtures are built once; a
 # module may join a named group instead (`pytestmark = pytest.mark.xdist_group("name")`) when
 # it shares a session fixture with other modules (the finished run of `reported_run`).
+#
+# The groups are handed out in collection order, so the longest go first (the longest first is
+# how two test processes finish together; collected alphabetically, the whole-run modules came
+# last and one process ran them alone at the end). CPU seconds measured per module; a module
+# not listed counts as short.
+LONG_FIRST = {
+    "tests.service.test_demo": 230, "tests.service.test_runs": 210,
+    "tests.stages.test_prepare_token_rows": 120, "tests.service.test_cli": 95,
+    "tests.stages.test_demo_target": 85, "reported_run": 60, "tests.faults.test_faults": 47,
+    "tests.stages.test_train_resume": 45, "tests.stages.test_evaluate": 33,
+    "tests.service.test_scheduling": 32, "tests.stages.test_train": 31,
+    "tests.service.test_generate_kill": 28, "tests.service.test_first_day": 28,
+    "tests.service.test_runs_hybrid": 27, "tests.service.test_cli_first_day": 24,
+}
+
+
+def _group(item) -> str:
+    m = item.get_closest_marker("xdist_group")
+    return (m.args[0] if m.args else m.kwargs.get("name", "")) if m else ""
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=lambda item: -LONG_FIRST.get(_group(item), 0))  # stable: order within kept
 
 
 @pytest.hookimpl(trylast=True)
