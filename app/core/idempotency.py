@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from fastapi.encoders import jsonable_encoder
+from pydantic import BaseModel
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
@@ -16,7 +17,7 @@ from app.core.auth import Principal
 from app.core.db import is_sqlite, unit_of_work, utcnow
 from app.core.errors import Conflict
 from app.core.jsonresp import SafeJSONResponse
-from app.core.reads import plain
+from app.core.reads import body_of
 from app.models import IdempotencyKey
 
 TTL = timedelta(hours=24)
@@ -61,11 +62,11 @@ def _serialise(session: Session, user_id: str, key: str) -> None:
 
 
 def idempotent(session: Session, user: Principal, key: str | None, body: object,
-               make: Callable[[], object], status_code: int = 201) -> SafeJSONResponse:
+               make: Callable[[], BaseModel], status_code: int = 201) -> SafeJSONResponse:
     """Answer with `make()` (a read model) once per (user, key); replay the stored answer
     afterwards."""
     if not key:
-        return SafeJSONResponse(jsonable_encoder(plain(make())), status_code=status_code)
+        return SafeJSONResponse(jsonable_encoder(body_of(make(), user)), status_code=status_code)
     digest = _digest(body)
     _serialise(session, user.id, key[:200])
     row = session.get(IdempotencyKey, (user.id, key[:200]))
@@ -79,7 +80,7 @@ def idempotent(session: Session, user: Principal, key: str | None, body: object,
                            code="idempotency_key_reused", param="Idempotency-Key")
         return SafeJSONResponse(row.body, status_code=row.status_code,
                               headers={"Idempotent-Replayed": "true"})
-    out = jsonable_encoder(plain(make()))
+    out = jsonable_encoder(body_of(make(), user))
     session.add(IdempotencyKey(user_id=user.id, key=key[:200], request_hash=digest,
                                status_code=status_code, body=out))
     session.flush()

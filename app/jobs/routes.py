@@ -9,10 +9,12 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
+from app.core.auth import Principal
 from app.core.db import unit_of_work
 from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.idempotency import idempotent
 from app.core.jsonresp import SafeJSONResponse
+from app.core.paths import shown
 from app.core.reads import typed
 from app.jobs import logs, service
 from app.jobs.params import validate_params
@@ -38,7 +40,7 @@ def list_jobs(*, status: str | None = None, type: str | None = None, owner: str 
               user: CurrentUser, session: SessionDep):
     rows, more, nxt = service.list_jobs(session, page, status=status, type_=type, owner=owner,
                                         run_id=run_id)
-    return typed(JobList(data=job_models(session, rows), has_more=more, next_after=nxt))
+    return typed(JobList(data=job_models(session, rows), has_more=more, next_after=nxt), user=user)
 
 
 @router.get("/{job_id}", response_model=JobRead)
@@ -48,42 +50,43 @@ async def get_job(job_id: str, user: CurrentUser):
     def read() -> JobRead:
         with unit_of_work(read_only=True) as s:
             return job_models(s, [service.get_job(s, job_id)])[0]
-    return typed(await run_in_threadpool(read), headers={"Cache-Control": "no-store"})
+    return typed(await run_in_threadpool(read), headers={"Cache-Control": "no-store"}, user=user)
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead)
 def cancel_job(job_id: str, user: CurrentUser, session: SessionDep):
-    return typed(job_model(service.cancel_job(session, user, service.get_job(session, job_id))))
+    return typed(job_model(service.cancel_job(session, user, service.get_job(session, job_id))), user=user)
 
 
 @router.post("/{job_id}/retry", response_model=JobRead)
 def retry_job(job_id: str, user: CurrentUser, session: SessionDep):
-    return typed(job_model(service.retry_job(session, user, service.get_job(session, job_id))))
+    return typed(job_model(service.retry_job(session, user, service.get_job(session, job_id))), user=user)
 
 
 @router.post("/{job_id}/priority", response_model=JobRead)
 def set_priority(job_id: str, body: PriorityUpdate, user: CurrentUser,
                  session: SessionDep):
     return typed(job_model(service.set_priority(session, user, service.get_job(session, job_id),
-                                               body.priority)))
+                                               body.priority)), user=user)
 
 
 @router.post("/{job_id}/preemptible", response_model=JobRead)
 def set_preemptible(job_id: str, body: PreemptibleUpdate, user: CurrentUser,
                     session: SessionDep):
     return typed(job_model(service.set_preemptible(session, user, service.get_job(session, job_id),
-                                                  body.preemptible)))
+                                                  body.preemptible)), user=user)
 
 
 @router.post("/{job_id}/hold", response_model=JobRead)
 def hold(job_id: str, user: CurrentUser, session: SessionDep):
-    return typed(job_model(service.set_hold(session, user, service.get_job(session, job_id), True)))
+    return typed(job_model(service.set_hold(session, user, service.get_job(session, job_id), True)),
+                 user=user)
 
 
 @router.post("/{job_id}/release", response_model=JobRead)
 def release(job_id: str, user: CurrentUser, session: SessionDep):
     return typed(job_model(service.set_hold(session, user, service.get_job(session, job_id),
-                                           False)))
+                                           False)), user=user)
 
 
 def _event_dict(ev) -> dict:
@@ -97,15 +100,16 @@ def job_events(*, job_id: str, request: Request, after_seq: int = Query(0, ge=0)
                user: CurrentUser, session: SessionDep):
     service.get_job(session, job_id)
     if "text/event-stream" not in request.headers.get("accept", ""):
-        return SafeJSONResponse({"data": [_event_dict(e) for e in
-                                        service.events(session, job_id, after_seq, limit)]})
+        return SafeJSONResponse({"data": shown([_event_dict(e) for e in
+                                              service.events(session, job_id, after_seq, limit)],
+                                             user)})
     start = after_seq
     if last_event_id and last_event_id.isdigit():
         start = max(start, int(last_event_id))
-    return EventSourceResponse(_stream_events(job_id, start, request), ping=15)
+    return EventSourceResponse(_stream_events(job_id, start, request, user), ping=15)
 
 
-async def _stream_events(job_id: str, after: int, request: Request):
+async def _stream_events(job_id: str, after: int, request: Request, user: Principal):
     import orjson
 
     while True:
@@ -113,7 +117,7 @@ async def _stream_events(job_id: str, after: int, request: Request):
             with unit_of_work(read_only=True) as s:
                 evs = service.events(s, job_id, after, 500)
                 done = service.get_job(s, job_id).status in TERMINAL
-                return [_event_dict(e) for e in evs], done
+                return shown([_event_dict(e) for e in evs], user), done
         evs, done = await asyncio.to_thread(poll)
         for e in evs:
             after = e["seq"]
@@ -131,8 +135,9 @@ def job_logs(*, job_id: str, request: Request, tail: int | None = Query(None, ge
              follow: bool = False, user: CurrentUser, session: SessionDep):
     service.get_job(session, job_id)
     if not follow:
-        return PlainTextResponse(logs.read_tail(job_id, tail))
-    return StreamingResponse(logs.follow(job_id, tail, request), media_type="text/plain")
+        return PlainTextResponse(shown(logs.read_tail(job_id, tail), user))
+    return StreamingResponse((shown(chunk, user) async for chunk in logs.follow(job_id, tail, request)),
+                             media_type="text/plain")
 
 
 @router.get("/{job_id}/metrics")

@@ -5,6 +5,7 @@ from fastapi import APIRouter, Header
 from app.core.db import unit_of_work
 from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.idempotency import idempotent, replay
+from app.core.paths import shown
 from app.core.reads import typed
 from app.plans.service import plan_or_refuse
 from app.runs import service
@@ -42,27 +43,28 @@ def create_run(body: RunCreate, user: CurrentUser, session: SessionDep,
 def list_runs(page: PageDep, user: CurrentUser,
               session: SessionDep):
     rows, more, nxt = service.list_runs(session, page)
-    return typed(RunList(data=service.run_models(session, rows), has_more=more, next_after=nxt))
+    return typed(RunList(data=service.run_models(session, rows), has_more=more, next_after=nxt),
+                 user=user)
 
 
 @router.get("/{run_id}", response_model=RunRead)
 def get_run(run_id: str, user: CurrentUser, session: SessionDep):
-    return typed(service.run_model(session, service.get_run(session, run_id)))
+    return typed(service.run_model(session, service.get_run(session, run_id)), user=user)
 
 
 @router.get("/{run_id}/report")
 def get_run_report(run_id: str, user: CurrentUser, session: SessionDep):
     """What the dashboard's run page and `draftyard runs show` render (app/runs/report.py)."""
-    return build_report(session, service.get_run(session, run_id))
+    return shown(build_report(session, service.get_run(session, run_id)), user)
 
 
 @router.post("/{run_id}/cancel", response_model=RunRead)
 def cancel_run(run_id: str, user: CurrentUser, session: SessionDep):
     run = service.cancel_run(session, user, service.get_run(session, run_id))
-    return typed(service.run_model(session, run))
+    return typed(service.run_model(session, run), user=user)
 
 
 @router.post("/{run_id}/retry", response_model=RunRead)
 def retry_run(run_id: str, user: CurrentUser, session: SessionDep):
     run = service.retry_run(session, user, service.get_run(session, run_id))
-    return typed(service.run_model(session, run))
+    return typed(service.run_model(session, run), user=user)

@@ -5,7 +5,6 @@ its stages run once per session."""
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import pytest
@@ -13,6 +12,8 @@ import pytest
 from app.core.auth import Principal
 from app.core.ids import new_id
 from app.models import User
+from tests.service.browser import browser  # noqa: F401  headless Chromium, for the dashboard tests
+from tests.tiny import counting_records, write_jsonl
 
 
 @pytest.fixture
@@ -36,10 +37,7 @@ def reported_run(api, worker, home, tmp_path_factory) -> dict:
     d = build_tiny_target(home / "models" / "tiny-report", arch="qwen3")
     target = c.create_target("tiny-report", str(d))
     f = tmp_path_factory.mktemp("report") / "chat.jsonl"
-    f.write_text("".join(json.dumps({"messages": [
-        {"role": "user", "content": f"count to {i}"},
-        {"role": "assistant", "content": " ".join(str(k) for k in range(i % 7 + 5))}]}) + "\n"
-        for i in range(16)))
+    write_jsonl(f, counting_records(16))
     seen: list[tuple[int, int | None]] = []
     ds = c.wait_dataset(c.upload_dataset(f, "report-chat",
                                          progress=lambda n, t: seen.append((n, t)))["id"], 120)

@@ -15,6 +15,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -176,3 +178,25 @@ class Stack:
             c.execute(text(f'DROP DATABASE IF EXISTS "{self.dbname}"'))
         admin.dispose()
         shutil.rmtree(self.home, ignore_errors=True)
+
+
+@contextmanager
+def running(tag: str, redis_db: int, settings: dict[str, str] | None = None, *,
+            workers: dict[str, str | None] | None = None,
+            prepare: Callable[[Stack], None] | None = None) -> Iterator[Stack]:
+    """A stack with its API up and `workers` ({node: gpus or None}) registered, closed
+    afterwards whatever happens; `prepare(stack)` runs before the database is created (to
+    point settings at folders of its home)."""
+    st = Stack(tag, redis_db, settings)
+    if prepare:
+        prepare(st)
+    try:
+        st.create()
+        st.start_api()
+        for node, gpus in (workers or {}).items():
+            st.start_worker(node, gpus=gpus)
+        if workers:
+            st.wait_nodes(list(workers))
+        yield st
+    finally:
+        st.close()

@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.service.test_runs import _body as run_body
+from tests.tiny import tiny_target
 
 
 def cli(api, *args, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -23,12 +24,7 @@ def cli(api, *args, timeout: float = 600) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def tiny(api, home):
-    from workers.stages.tinymodel import build_tiny_target
-
-    d = build_tiny_target(home / "models" / "tiny-cli", arch="qwen3")
-    r = api.post("/v1/targets", {"name": "tiny-cli", "path": str(d)})
-    assert r.status_code == 201, r.text
-    return r.json()
+    return tiny_target(api, home, "tiny-cli")
 
 
 def test_dataset_upload_reports_format_counts_and_rejected_lines(api, worker, tmp_path):

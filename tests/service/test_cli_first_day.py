@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, wait_for
+from tests.conftest import REPO
+from tests.tiny import counting_records, ingested, tiny_target, write_jsonl
 
 
 def cli(api, *args, columns: int = 80, token: str | None = None, home=None,
@@ -27,21 +28,9 @@ def cli(api, *args, columns: int = 80, token: str | None = None, home=None,
 
 @pytest.fixture(scope="module")
 def named(api, home):
-    from workers.stages.tinymodel import build_tiny_target
-
-    d = build_tiny_target(home / "models" / "tiny-cli-fd", arch="qwen3")
-    t = api.post("/v1/targets", {"name": "cli-fd-target", "path": str(d)})
-    assert t.status_code == 201, t.text
-    p = home / "data" / "cli-fd.jsonl"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text("".join(json.dumps({"messages": [
-        {"role": "user", "content": f"count to {i}"},
-        {"role": "assistant", "content": " ".join(str(k) for k in range(i % 7 + 5))}]}) + "\n"
-        for i in range(40)))
-    d = api.post("/v1/datasets", {"name": "cli-fd-data", "path": str(p)}).json()
-    ds = wait_for(lambda: (x := api.get(f"/v1/datasets/{d['id']}").json())["status"]
-                  != "ingesting" and x, 300, 0.3, "ingest")
-    return t.json(), ds
+    t = tiny_target(api, home, "cli-fd-target")
+    p = write_jsonl(home / "data" / "cli-fd.jsonl", counting_records(40))
+    return t, ingested(api, p, "cli-fd-data")
 
 
 def test_init_run_writes_a_body_from_names_that_plans(api, worker, named, tmp_path):

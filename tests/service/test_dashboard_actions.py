@@ -8,27 +8,18 @@ Screenshots go to tmp/artifacts/dashboard-actions/ (or $DRAFTYARD_TEST_ARTIFACTS
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, wait_for
-from tests.service.test_run_report import browser  # noqa: F401  the Chromium fixture
+from tests.conftest import wait_for
+from tests.service.browser import ARTIFACTS, shoot
 
-SHOTS = Path(os.environ.get("DRAFTYARD_TEST_ARTIFACTS") or REPO / "tmp" / "artifacts") / \
-    "dashboard-actions"
+SHOTS = ARTIFACTS / "dashboard-actions"
 
 
 def _shoot(d, name: str) -> Path:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    d.set_window_size(1280, 800)
-    h = d.execute_script("window.scrollTo(0, 0); return document.documentElement.scrollHeight")
-    d.set_window_size(1280, min(max(h, 800), 4000))
-    p = SHOTS / f"{name}.png"
-    assert d.save_screenshot(str(p)) and p.stat().st_size > 5_000, p
-    print(f"screenshot: {p}")
-    return p
+    return shoot(d, "dashboard-actions", name, max_height=4000)
 
 
 def _text(d, css: str) -> str:
@@ -85,7 +76,7 @@ def _open(d, url: str) -> None:
     d.refresh()
 
 
-def test_the_token_prompt_names_the_real_token_file(server, home, browser):  # noqa: F811
+def test_the_token_prompt_names_the_real_token_file(server, home, browser):
     d = browser
     d.get(f"{server}/ui")
     d.execute_script("localStorage.clear()")
@@ -95,7 +86,7 @@ def test_the_token_prompt_names_the_real_token_file(server, home, browser):  # n
     _shoot(d, "token-prompt")
 
 
-def test_job_page_cancel_retry_hold_release_priority(api, worker, server, browser):  # noqa: F811
+def test_job_page_cancel_retry_hold_release_priority(api, worker, server, browser):
     d = browser
     _login(d, server, api.token)
     job = api.submit(type="probe", gpus=64, params={"sleep_s": 0, "import_torch": False},
@@ -135,7 +126,7 @@ def test_job_page_cancel_retry_hold_release_priority(api, worker, server, browse
         member.post(f"/v1/jobs/{mine['id']}/cancel")
 
 
-def test_run_page_cancel_hold_release_retry(api, worker, server, home, browser):  # noqa: F811
+def test_run_page_cancel_hold_release_retry(api, worker, server, home, browser):
     from workers.stages.tinymodel import build_tiny_target
 
     d = browser
@@ -180,7 +171,7 @@ def test_run_page_cancel_hold_release_retry(api, worker, server, home, browser):
 
 
 def test_datasets_log_tail_sparklines_queue_users_and_names(api, worker, server, home,
-                                                            browser):  # noqa: F811
+                                                            browser):
     from selenium.webdriver.common.by import By
 
     d = browser

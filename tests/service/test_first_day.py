@@ -8,29 +8,18 @@ import json
 import pytest
 
 from tests.conftest import wait_for
+from tests.tiny import counting_records, ingested, tiny_target, write_jsonl
 
 
 @pytest.fixture(scope="module")
 def target(api, home):
-    from workers.stages.tinymodel import build_tiny_target
-
-    d = build_tiny_target(home / "models" / "tiny-first-day", arch="qwen3")
-    r = api.post("/v1/targets", {"name": "first-day", "path": str(d)})
-    assert r.status_code == 201, r.text
-    return r.json()
+    return tiny_target(api, home, "first-day")
 
 
 @pytest.fixture(scope="module")
 def dataset(api, home):
-    p = home / "data" / "first-day.jsonl"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text("".join(json.dumps({"messages": [
-        {"role": "user", "content": f"count to {i}"},
-        {"role": "assistant", "content": " ".join(str(k) for k in range(i % 7 + 5))}]}) + "\n"
-        for i in range(40)))
-    d = api.post("/v1/datasets", {"name": "first-day", "path": str(p)}).json()
-    return wait_for(lambda: (x := api.get(f"/v1/datasets/{d['id']}").json())["status"]
-                    != "ingesting" and x, 300, 0.3, "ingest")
+    return ingested(api, write_jsonl(home / "data" / "first-day.jsonl", counting_records(40)),
+                    "first-day")
 
 
 def test_a_gpu_job_with_no_node_for_it_says_why_at_once(api, worker):

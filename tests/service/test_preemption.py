@@ -13,8 +13,9 @@ import pytest
 
 from tests.conftest import REDIS_DBS, wait_for
 from tests.service.receiver import Receiver
-from tests.service.stack import Stack
+from tests.service.stack import Stack, running
 from tests.stages.conftest import shared_fixtures
+from tests.tiny import counting_records, write_jsonl
 
 # Submit -> running for the urgent job: the scheduler's once-a-second pass that sees it,
 # the supervisor's poll (0.25 s), the train step in flight and its checkpoint, the stage's
@@ -25,18 +26,13 @@ STEPS = 16
 
 @pytest.fixture
 def stack():
-    st = Stack("preempt", REDIS_DBS[1], {"DRAFTYARD_PREEMPT_GRACE_S": "60",
-                              "DRAFTYARD_WEBHOOK_BACKOFF_S": "0.5",
-                              "DRAFTYARD_WEBHOOK_POLL_S": "0.2"})
-    st.env["DRAFTYARD_MODEL_ROOTS"] = st.env["DRAFTYARD_DATA_ROOTS"] = str(st.home)
-    st.create()
-    try:
-        st.start_api()
-        st.start_worker("box", gpus="0,1")
-        st.wait_nodes(["box"])
+    def roots(st: Stack) -> None:
+        st.env["DRAFTYARD_MODEL_ROOTS"] = st.env["DRAFTYARD_DATA_ROOTS"] = str(st.home)
+    with running("preempt", REDIS_DBS[1], {"DRAFTYARD_PREEMPT_GRACE_S": "60",
+                                           "DRAFTYARD_WEBHOOK_BACKOFF_S": "0.5",
+                                           "DRAFTYARD_WEBHOOK_POLL_S": "0.2"},
+                 workers={"box": "0,1"}, prepare=roots) as st:
         yield st
-    finally:
-        st.close()
 
 
 
@@ -50,11 +46,7 @@ def _train_run(st: Stack, c) -> dict:
     tmpl = (shared_fixtures() / "chat_templates" / "qwen3_6.jinja").read_text()
     target = c.post("/v1/targets", json={"name": "tiny", "path": str(d), "chat_template": tmpl})
     assert target.status_code == 201, target.text
-    data = st.home / "data.jsonl"
-    data.write_text("".join(json.dumps({"messages": [
-        {"role": "user", "content": f"count to {i}"},
-        {"role": "assistant", "content": " ".join(str(k) for k in range(i % 7 + 5))}]}) + "\n"
-        for i in range(16)))
+    data = write_jsonl(st.home / "data.jsonl", counting_records(16))
     ds = c.post("/v1/datasets", json={"name": "d", "path": str(data)}).json()
     wait_for(lambda: c.get(f"/v1/datasets/{ds['id']}").json()["status"] == "ready", 120, 0.3,
              "ingest")

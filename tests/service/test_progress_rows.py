@@ -13,18 +13,19 @@ from workers.attempt import Attempt
 from workers.supervisor import Supervisor
 
 
-def _supervisor(job: Job, tmp_path) -> Supervisor:
-    spec = StageSpec(type=job.type, out_dir=str(tmp_path / "out"), work_dir=str(tmp_path / "w"),
-                     events_path=str(tmp_path / "ev.jsonl"))
-    return Supervisor(Attempt(job.id, 1, tmp_path, spec, tmp_path / "spec.json", []))
-
-
-def test_progress_rows_are_at_most_one_per_second(db, user, tmp_path):
-    job = Job(id=new_id("job"), type="prepare", owner_id=user.id, status="running",
+def _running(db, user, tmp_path, type_: str = "prepare") -> tuple[Job, Supervisor]:
+    """A running job in the database and the supervisor of its attempt."""
+    job = Job(id=new_id("job"), type=type_, owner_id=user.id, status="running",
               priority=50, gpus_requested=0)
     db.add(job)
     db.flush()
-    sup = _supervisor(job, tmp_path)
+    spec = StageSpec(type=job.type, out_dir=str(tmp_path / "out"), work_dir=str(tmp_path / "w"),
+                     events_path=str(tmp_path / "ev.jsonl"))
+    return job, Supervisor(Attempt(job.id, 1, tmp_path, spec, tmp_path / "spec.json", []))
+
+
+def test_progress_rows_are_at_most_one_per_second(db, user, tmp_path):
+    job, sup = _running(db, user, tmp_path)
     t0, n = 1_000_000.0, 5000
     # 5,000 reports over 2.5 s of the stage's clock (a record loop reporting every item,
     # replayed in one pump, as after a database outage)
@@ -47,11 +48,7 @@ def test_progress_rows_are_at_most_one_per_second(db, user, tmp_path):
 def test_a_long_job_writes_a_bounded_number_of_progress_rows(db, user, tmp_path):
     """A 3-hour stage reporting every half second: ~300 x (1 + ln(10,800 / 300)) rows (the
     spacing grows past 300 rows), not 10,800."""
-    job = Job(id=new_id("job"), type="generate", owner_id=user.id, status="running",
-              priority=50, gpus_requested=0)
-    db.add(job)
-    db.flush()
-    sup = _supervisor(job, tmp_path)
+    job, sup = _running(db, user, tmp_path, "generate")
     n = 21_600
     for i in range(1, n + 1):
         sup._apply(db, job, {"kind": "progress", "at": 5_000.0 + i * 0.5,
@@ -66,11 +63,7 @@ def test_eta_at_ten_percent_of_a_stage_reporting_in_chunks(db, user, tmp_path):
     """A stage whose work comes in chunks 40 s apart (prepare's tasks on a busy node): at 10%
     the job shows an ETA, within 25% of the time that remained (a 30 s window held one point:
     no rate, no ETA), and it follows a slowdown later on."""
-    job = Job(id=new_id("job"), type="prepare", owner_id=user.id, status="running",
-              priority=50, gpus_requested=0)
-    db.add(job)
-    db.flush()
-    sup = _supervisor(job, tmp_path)
+    job, sup = _running(db, user, tmp_path)
     total, t = 100_000, 10_000.0
     sup._apply(db, job, {"kind": "progress", "at": t,
                          "data": {"done": 0, "total": total, "unit": "records"}})

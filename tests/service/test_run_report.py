@@ -5,51 +5,21 @@ $DRAFTYARD_TEST_ARTIFACTS): look at them."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.service.browser import ARTIFACTS, shoot
 from tests.service.test_cli import cli
 
 # One test process builds the shared finished run (tests/service/conftest.py reported_run).
 pytestmark = pytest.mark.xdist_group("reported_run")
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-SHOTS = Path(os.environ.get("DRAFTYARD_TEST_ARTIFACTS") or REPO / "tmp" / "artifacts") / "run-report"
-
-
-@pytest.fixture
-def browser():
-    if not (CHROMIUM and DRIVER):
-        pytest.skip("chromium and chromedriver are needed (apt-get install chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--window-size=1280,1000", "--hide-scrollbars"):
-        opts.add_argument(a)
-    d = webdriver.Chrome(options=opts, service=webdriver.ChromeService(executable_path=DRIVER))
-    d.set_page_load_timeout(60)
-    try:
-        yield d
-    finally:
-        d.quit()
+SHOTS = ARTIFACTS / "run-report"
 
 
 def _shoot(d, name: str) -> Path:
-    """A full-page screenshot (the window grown to the page's height)."""
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    d.set_window_size(1280, 800)  # measured afresh: a shorter page gets a shorter shot
-    h = d.execute_script("window.scrollTo(0, 0); return document.documentElement.scrollHeight")
-    d.set_window_size(1280, min(max(h, 800), 6000))
-    p = SHOTS / f"{name}.png"
-    assert d.save_screenshot(str(p)) and p.stat().st_size > 10_000, p
-    print(f"screenshot: {p}")
-    return p
+    return shoot(d, "run-report", name, min_bytes=10_000)
 
 
 def test_run_page_in_chromium(api, server, reported_run, browser):

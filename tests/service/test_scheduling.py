@@ -536,18 +536,11 @@ def test_requeued_job_is_fenced_from_its_old_worker(api, nodes):
 
 @pytest.fixture
 def quota_stack():
-    from tests.service.stack import Stack
+    from tests.service.stack import running
 
-    # Redis DB 0: no test session (1-14) or bench (15) uses it.
-    st = Stack("quota", REDIS_DBS[1], {"DRAFTYARD_USER_GPU_QUOTA": "4"})
-    try:
-        st.create()
-        st.start_api()
-        st.start_worker("qA", GPUS8)
-        st.wait_nodes(["qA"])
+    with running("quota", REDIS_DBS[1], {"DRAFTYARD_USER_GPU_QUOTA": "4"},
+                 workers={"qA": GPUS8}) as st:
         yield st
-    finally:
-        st.close()
 
 
 def test_user_quota_reason_and_release(quota_stack):

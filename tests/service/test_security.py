@@ -24,7 +24,7 @@ def _raw(c: httpx.Client, path: str, text: str, **headers) -> httpx.Response:
 
 # ---- 1: every path through one check -------------------------------------------------------
 
-def test_ingest_job_cannot_name_a_file_outside_the_data_roots(member, home, tmp_path):
+def test_ingest_job_cannot_name_a_file_outside_the_data_roots(member, api, home, tmp_path):
     data = home / "data"
     (data / "ok.jsonl").write_text('{"prompt": "hi"}\n')
     secret = tmp_path / "secret.jsonl"
@@ -42,9 +42,11 @@ def test_ingest_job_cannot_name_a_file_outside_the_data_roots(member, home, tmp_
         msgs.append(e["message"].replace(p, "<p>"))
     # the same words whether the file exists or not, and nothing about its lines
     assert len(set(msgs)) == 1, msgs
-    # a file inside the roots is accepted, stored as its real path
+    # a file inside the roots is accepted, stored as its real path (which admins read; a
+    # member reads it under its root's label)
     job = member.submit(type="ingest", inputs={"source": {"path": "ok.jsonl"}})
-    assert job["inputs"]["source"]["path"] == str((data / "ok.jsonl").resolve())
+    assert job["inputs"]["source"]["path"] == "data:ok.jsonl"
+    assert api.job(job["id"])["inputs"]["source"]["path"] == str((data / "ok.jsonl").resolve())
     member.post(f"/v1/jobs/{job['id']}/cancel")
     # typed: a source is {"path", "name"?}, nothing else
     e = _err(member.post("/v1/jobs", {"type": "ingest",

@@ -15,7 +15,7 @@ import pytest
 
 from app.core.middleware import UNAUTHENTICATED_BODY_BYTES
 from tests.conftest import REDIS_DBS
-from tests.service.stack import Stack
+from tests.service.stack import running
 from tests.service.test_api_errors import _err
 
 MB = 1 << 20
@@ -23,13 +23,8 @@ MB = 1 << 20
 
 @pytest.fixture(scope="module")
 def big():
-    st = Stack("bodies", REDIS_DBS[2])
-    st.create()
-    try:
-        st.start_api()
+    with running("bodies", REDIS_DBS[2]) as st:
         yield st
-    finally:
-        st.close()
 
 
 def _peak_rss(pid: int) -> int:

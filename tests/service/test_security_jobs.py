@@ -11,22 +11,16 @@ from sqlalchemy import text
 
 from tests.conftest import REDIS_DBS, wait_for
 from tests.service.test_api_errors import _err
-from tests.service.stack import Stack
+from tests.service.stack import running
 
 
 # ---- 4: a dead worker's jobs, when no worker is left --------------------------------------
 
 @pytest.fixture
 def lone():
-    st = Stack("reap", REDIS_DBS[1], {"DRAFTYARD_CPU_SLOTS": "2"})
-    st.create()
-    try:
-        st.start_api()
-        st.start_worker("lonenode", gpus="0,1")
-        st.wait_nodes(["lonenode"])
+    with running("reap", REDIS_DBS[1], {"DRAFTYARD_CPU_SLOTS": "2"},
+                 workers={"lonenode": "0,1"}) as st:
         yield st
-    finally:
-        st.close()
 
 
 def test_the_api_requeues_a_dead_workers_job_and_frees_its_gpus(lone):

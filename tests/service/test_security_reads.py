@@ -125,3 +125,27 @@ def test_dataset_reads_show_members_no_absolute_paths(member, api, home):
             str((home / "data" / name).resolve())
     finally:
         member.post(f"/v1/jobs/{d['job_id']}/cancel")
+
+
+def test_job_reads_show_members_no_absolute_paths(member, api, home):
+    """An ingest job's inputs carry the server path of the uploaded file: members read it
+    as `uploads:<file>` in the job, the job list, its events and the cancel answer; admins
+    read the real path."""
+    r = member.c.post("/v1/datasets", data={"name": f"up-{uuid.uuid4().hex[:6]}"},
+                      files={"file": ("mine.jsonl", b'{"prompt": "hi"}\n')})
+    assert r.status_code == 201, r.text
+    job_id = r.json()["job_id"]
+    try:
+        one = member.get(f"/v1/jobs/{job_id}").json()
+        path = one["inputs"]["source"]["path"]
+        assert path.startswith("uploads:") and path.endswith("mine.jsonl"), one["inputs"]
+        listed = [j for j in member.get("/v1/jobs", params={"type": "ingest", "limit": 100})
+                  .json()["data"] if j["id"] == job_id]
+        events = member.get(f"/v1/jobs/{job_id}/events").json()
+        for body in (one, listed, events):
+            assert str(home) not in json.dumps(body), body
+        real = api.get(f"/v1/jobs/{job_id}").json()["inputs"]["source"]["path"]
+        assert real.startswith(str(home)) and real.endswith("mine.jsonl"), real
+    finally:
+        cancelled = member.post(f"/v1/jobs/{job_id}/cancel")
+    assert str(home) not in cancelled.text, cancelled.text

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REDIS_DBS, wait_for
 from tests.service.receiver import Receiver
-from tests.service.stack import Stack
+from tests.service.stack import running
 from tests.service.test_api_errors import _err
 
 INTERNAL = [
@@ -107,16 +107,11 @@ def test_delivery_refuses_a_name_that_now_resolves_inside(answer):
 
 @pytest.fixture
 def hookstack():
-    st = Stack("ssrf", REDIS_DBS[1], {"DRAFTYARD_WEBHOOK_BACKOFF_S": "0.2",
-                                      "DRAFTYARD_WEBHOOK_POLL_S": "0.2",
-                                      "DRAFTYARD_WEBHOOK_MAX_ATTEMPTS": "2",
-                                      "DRAFTYARD_WEBHOOK_ALLOWED_HOSTS": "127.0.0.2"})
-    st.create()
-    try:
-        st.start_api()
+    with running("ssrf", REDIS_DBS[1], {"DRAFTYARD_WEBHOOK_BACKOFF_S": "0.2",
+                                        "DRAFTYARD_WEBHOOK_POLL_S": "0.2",
+                                        "DRAFTYARD_WEBHOOK_MAX_ATTEMPTS": "2",
+                                        "DRAFTYARD_WEBHOOK_ALLOWED_HOSTS": "127.0.0.2"}) as st:
         yield st
-    finally:
-        st.close()
 
 
 def _cancelled_job(c: httpx.Client) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.test_cli import cli
-from tests.service.test_run_report import SHOTS, _shoot, browser  # noqa: F401 (fixture)
+from tests.service.browser import ARTIFACTS, shoot
 
 pytestmark = pytest.mark.xdist_group("reported_run")
 
@@ -77,13 +77,13 @@ def test_storage_usage_by_kind_owner_and_run(api, reported_run):
     for word in ("volumes", "by kind", "by owner", "by run", run["id"], user["name"],
                  "reclaimable now"):
         assert word in r.stdout, word
-    SHOTS.parent.joinpath("storage").mkdir(parents=True, exist_ok=True)
-    SHOTS.parent.joinpath("storage", "draftyard-storage.txt").write_text(r.stdout)
+    (ARTIFACTS / "storage").mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "storage" / "draftyard-storage.txt").write_text(r.stdout)
     r = cli(api, "storage", "prune", "--dry-run")
     assert r.returncode == 0 and "would free" in r.stdout, r.stdout + r.stderr
 
 
-def test_storage_view_in_chromium(api, server, reported_run, browser):  # noqa: F811
+def test_storage_view_in_chromium(api, server, reported_run, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -99,10 +99,4 @@ def test_storage_view_in_chromium(api, server, reported_run, browser):  # noqa: 
     for word in ("artifacts", "scratch", "free after reservations", "by kind", "by owner",
                  "by run", "reclaimable now", run["name"], "drafter"):
         assert word in main, word
-    import tests.service.test_run_report as rr
-
-    rr.SHOTS = SHOTS.parent / "storage"
-    try:
-        _shoot(d, "storage-view")
-    finally:
-        rr.SHOTS = SHOTS
+    shoot(d, "storage", "storage-view", min_bytes=10_000)

@@ -14,21 +14,16 @@ from sqlalchemy import text
 
 from tests.conftest import REDIS_DBS, wait_for
 from tests.service.receiver import Receiver
-from tests.service.stack import Stack
+from tests.service.stack import running
 
 
 @pytest.fixture
 def stack():
-    st = Stack("hooks", REDIS_DBS[1], {"DRAFTYARD_WEBHOOK_BACKOFF_S": "0.5",
-                            "DRAFTYARD_WEBHOOK_POLL_S": "0.2", "DRAFTYARD_CPU_SLOTS": "3"})
-    st.create()
-    try:
-        st.start_api()
-        st.start_worker("hooknode")
-        st.wait_nodes(["hooknode"])
+    with running("hooks", REDIS_DBS[1], {"DRAFTYARD_WEBHOOK_BACKOFF_S": "0.5",
+                                         "DRAFTYARD_WEBHOOK_POLL_S": "0.2",
+                                         "DRAFTYARD_CPU_SLOTS": "3"},
+                 workers={"hooknode": None}) as st:
         yield st
-    finally:
-        st.close()
 
 
 
