@@ -1,6 +1,7 @@
 """What each job type *is*, in one place: its params and inputs models, which artifact kinds
 each input accepts, its stage version, whether it resumes and is preemptible by default,
-whether it may use GPUs, whether its finished work may be reused. The API (submit checks),
+whether it may use GPUs, whether its finished work may be reused, whether (and why) it loads
+its target's weights. The API (submit checks),
 the scheduler (reuse), the fingerprint, the run expansion and the stages' entry point read
 this registry; nothing else lists job types.
 
@@ -57,6 +58,10 @@ class JobTypeDef:
     gpu: bool = False
     # A finished job with the same fingerprint may stand in for a new one.
     reusable: bool = True
+    # Why the stage loads its target's weights (None: the config and tokenizer suffice). A
+    # config-only target (contracts/target.py has_weights) is refused for such a type: by the
+    # run's plan and at submit.
+    target_weights: str | None = None
 
     def __post_init__(self) -> None:
         names = set(self.inputs.model_fields)
@@ -73,6 +78,7 @@ class JobTypeDef:
 
 
 _T = ("target",)
+_RUNS = "runs the target"
 JOB_TYPES: dict[str, JobTypeDef] = {d.name.value: d for d in (
     # probe: diagnostics, nothing to lose when stopped, never reused.
     JobTypeDef(JobType.probe, ProbeParams, ProbeInputs, resumable=True, gpu=True,
@@ -83,23 +89,31 @@ JOB_TYPES: dict[str, JobTypeDef] = {d.name.value: d for d in (
     JobTypeDef(JobType.split_, SplitParams, SplitInputs, {"dataset": ("dataset",)}),
     # generate and extract resume from their finished shards/samples; they may opt in.
     JobTypeDef(JobType.generate, GenerateParams, GenerateInputs,
-               {"dataset": ("dataset",), "target": _T}, resumable=True, gpu=True),
+               {"dataset": ("dataset",), "target": _T}, resumable=True, gpu=True,
+               target_weights=f"{_RUNS} to write the answers"),
     JobTypeDef(JobType.prepare, PrepareParams, PrepareInputs,
                {"dataset": ("dataset",), "target": _T}),
     JobTypeDef(JobType.extract, ExtractParams, ExtractInputs,
-               {"tokenized": ("tokenized",), "target": _T}, resumable=True, gpu=True),
+               {"tokenized": ("tokenized",), "target": _T}, resumable=True, gpu=True,
+               target_weights=f"{_RUNS} to capture its hidden states"),
     # train checkpoints on SIGTERM: preemptible unless an admin exempts the job.
     JobTypeDef(JobType.train, TrainParams, TrainInputs,
                {"tokenized": ("tokenized",), "target": _T, "hidden_states": ("hidden_states",)},
-               resumable=True, preemptible_by_default=True, gpu=True),
+               resumable=True, preemptible_by_default=True, gpu=True,
+               target_weights="builds the drafter on the target's embeddings and lm_head "
+                              f"(online, it also {_RUNS})"),
     JobTypeDef(JobType.evaluate, EvalParams, EvaluateInputs,
                {"target": _T, "drafter": ("drafter",), "data": ("tokenized", "dataset"),
-                "baseline_drafter": ("drafter",)}, gpu=True),
+                "baseline_drafter": ("drafter",)}, gpu=True,
+               target_weights=f"{_RUNS} alone and with the drafter"),
 )}
 assert set(JOB_TYPES) == set(JobType), "every JobType has exactly one definition"
 
 RESUMABLE = frozenset(n for n, d in JOB_TYPES.items() if d.resumable)
 NEVER_REUSE = frozenset(n for n, d in JOB_TYPES.items() if not d.reusable)
+# type -> why it loads the target's weights, in pipeline order (generate, extract, train,
+# evaluate); every other type needs the target's config and tokenizer at most.
+NEEDS_TARGET_WEIGHTS = {n: w for n, d in JOB_TYPES.items() if (w := d.target_weights)}
 
 
 def job_type(name: str) -> JobTypeDef:

@@ -2,6 +2,10 @@
 
 - `text_config`: the language model's config (multimodal checkpoints nest it);
   `text_value`: one key of it, found at whichever level the checkpoint keeps it.
+- `has_weights`: whether a model folder holds weight files. A target registered from its
+  config and tokenizer only (a config-only target, e.g. a 27B's shapes for planning) can be
+  planned and prepared for; the job types that load its weights (contracts/jobtypes.py
+  `target_weights`) are refused on it, by the plan and at submit.
 - `layer_ids_problem`: the one validity rule of aux layer ids. Layer ids follow speculators
   and vLLM (`eagle_aux_hidden_state_layer_ids`): id i is the residual stream entering decoder
   layer i (0 is the embeddings); id N (N = num_hidden_layers) is the input of the final norm,
@@ -33,6 +37,19 @@ def text_value(config: dict[str, Any] | None, key: str) -> Any:
         if c.get(key) is not None:
             return c[key]
     return None
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def has_weights(path: str | None) -> bool:
+    """Does the model folder `path` hold any weight file (a config-only target does not)?"""
+    from pathlib import Path
+
+    if not path:
+        return False
+    p = Path(path)
+    return p.is_dir() and any(f.name.endswith(WEIGHT_SUFFIXES) for f in p.iterdir())
 
 
 @dataclass(frozen=True)

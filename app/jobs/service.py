@@ -24,7 +24,8 @@ from app.jobs.states import ACTIVE, TERMINAL, IllegalTransition, JobStatus, chec
 from app.models import Artifact, Dataset, Gpu, GpuLease, Job, JobEvent, Target, User
 from app.storage.reserve import check_quota
 from app.users.service import check_priority
-from contracts.jobtypes import JOB_TYPES, RESUMABLE
+from contracts.jobtypes import JOB_TYPES, NEEDS_TARGET_WEIGHTS, RESUMABLE
+from contracts.target import has_weights
 
 S = JobStatus
 
@@ -179,6 +180,40 @@ def ingest_source(raw: str) -> Path:
     return path
 
 
+def _target_of(session: Session, ref: Any, via: list[str]) -> Target | None:
+    """The target a `target` input names: a tgt_ id, or, through `{"job": id}`, that job's
+    own target (appending the jobs followed to `via`); None when there is none to check."""
+    if isinstance(ref, dict) and "job" in ref:
+        ref = ref["job"]
+    if isinstance(ref, str) and ref.startswith("tgt_"):
+        return session.get(Target, ref)
+    if isinstance(ref, str) and ref.startswith("job_") and ref not in via and len(via) < 8:
+        dep = session.get(Job, ref)
+        if dep is not None:
+            via.append(ref)
+            return _target_of(session, (dep.inputs or {}).get("target"), via)
+    return None
+
+
+def check_target_weights(session: Session, type_: str, inputs: dict) -> None:
+    """A type that loads its target's weights (contracts/jobtypes.py `target_weights`, the
+    rule the run's plan applies too) is refused on a config-only target at submit, not
+    later on a worker."""
+    why = NEEDS_TARGET_WEIGHTS.get(type_)
+    via: list[str] = []
+    t = _target_of(session, inputs.get("target"), via) if why else None
+    if t is None or has_weights(t.path):
+        return
+    through = f", through job {' -> '.join(via)}" if via else ""
+    raise Invalid(
+        f"inputs.target: {type_} {why}: target '{t.name}' ({t.id}{through}) has no weights "
+        f"(config only); register it from a folder with its weights ({', '.join(NEEDS_TARGET_WEIGHTS)} "
+        f"load them, details.needs_weights says why; prepare needs only the tokenizer)",
+        param="inputs.target", code="target_has_no_weights",
+        details={"target_id": t.id, "target_name": t.name, "type": type_, "reason": why,
+                 "via_jobs": via, "needs_weights": dict(NEEDS_TARGET_WEIGHTS)})
+
+
 def check_inputs(session: Session, type_: str, inputs: dict) -> list[str]:
     allowed = JOB_TYPES[type_].accepts
     for req in JOB_TYPES[type_].required:
@@ -205,6 +240,7 @@ def check_inputs(session: Session, type_: str, inputs: dict) -> list[str]:
             dep = _ref_exists(session, r, name, allowed[name])
             if dep and dep not in deps:
                 deps.append(dep)
+    check_target_weights(session, type_, inputs)
     return deps
 
 

@@ -64,11 +64,17 @@ def create_run(session: Session, user: Principal, body: RunSpec,
     for sj in chain:
         resolved = {k: (stage_ref(made, v) if isinstance(v, str) and v.startswith("@") else v)
                     for k, v in sj.inputs.items()}
-        job = jobs.create_job(session, user, JobCreate(
-            type=JobType(sj.stage), name=f"{body.name}: {sj.stage}", priority=body.priority,
-            gpus=sj.gpus, inputs=resolved, params=sj.params, force=body.force,
-            keep=body.keep),
-            run_id=run.id, run_stage=sj.stage, validate_params=validate_params)
+        try:
+            job = jobs.create_job(session, user, JobCreate(
+                type=JobType(sj.stage), name=f"{body.name}: {sj.stage}",
+                priority=body.priority, gpus=sj.gpus, inputs=resolved, params=sj.params,
+                force=body.force, keep=body.keep),
+                run_id=run.id, run_stage=sj.stage, validate_params=validate_params)
+        except Invalid as e:  # the plan refuses it first; force_plan does not make weights
+            if e.code != "target_has_no_weights":
+                raise
+            raise Invalid(f"target_id: stages.{sj.stage}: {e.message.removeprefix('inputs.target: ')}",
+                          param="target_id", code=e.code, details=e.details) from None
         made[sj.stage] = job.id
     return run
 

@@ -117,7 +117,7 @@ def test_streaming_stages_get_the_lean_allocators(tmp_path):
            if k not in ("ARROW_DEFAULT_MEMORY_POOL", "MALLOC_MMAP_THRESHOLD_")}
     p = subprocess.run([sys.executable, "-c", code, str(spec)], cwd=REPO, env=env,
                        check=True, capture_output=True, text=True)
-    assert p.stdout.split()[-3:] == ["0", "system", str(128 << 10)], p.stdout + p.stderr
+    assert p.stdout.split()[-3:] == ["0", "system", str(1 << 20)], p.stdout + p.stderr
 
 
 RSS_CHILD = r"""

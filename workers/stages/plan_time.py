@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from contracts.target import text_config
+from contracts.jobtypes import NEEDS_TARGET_WEIGHTS
+from contracts.target import has_weights, text_config
 
 DEFAULT_RATES: dict[str, Any] = {
     "gpu": "H100/H200-class, bf16 dense",
@@ -33,8 +34,6 @@ DEFAULT_RATES: dict[str, Any] = {
     "prepare_tokens_per_s": 1.0e6,
     "default_gpus": 1,
 }
-NEEDS_WEIGHTS = ("generate", "extract", "train", "evaluate")
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
 def merge_rates(override: dict | None) -> tuple[dict, list[str], list[str]]:
@@ -72,15 +71,6 @@ def drafter_params(config: dict, drafter: dict) -> int:
     layers = int(drafter.get("num_layers") or 1)
     head = int(drafter.get("draft_vocab_size") or c.get("vocab_size") or 0)
     return layers * (4 * h * h + 3 * h * inter) + head * h + 3 * h * h  # + the fc of aux layers
-
-
-def has_weights(path: str | None) -> bool:
-    from pathlib import Path
-
-    if not path:
-        return False
-    p = Path(path)
-    return p.is_dir() and any(f.name.endswith(WEIGHT_SUFFIXES) for f in p.iterdir())
 
 
 def _gpus(params: dict, rates: dict) -> int:
@@ -150,7 +140,7 @@ def estimate(chain: dict[str, dict], jobs_gpus: dict[str, int], target: dict,
 
 def weights_check(chain: dict[str, dict], target: dict) -> tuple[bool, str]:
     """A config-only target (no weight files) can only be prepared for."""
-    need = [s for s in NEEDS_WEIGHTS if s in chain]
+    need = [s for s in NEEDS_TARGET_WEIGHTS if s in chain]
     if not need or has_weights(target.get("path")):
         return True, "the target has weights" if need else "no stage needs the target's weights"
     return False, (f"the target {target.get('id') or target.get('path')} has no weights "
