@@ -30,8 +30,8 @@ DATA = REPO / "demo" / "data"
 FULL: dict[str, Any] = dict(target_steps=600, per_source=None, max_tokens=96, epochs=12, eval_prompts=32,
             max_steps=None)
 # --quick (the test suite's variant): every stage runs, each as briefly as still says something.
-QUICK = dict(target_steps=60, per_source=8, max_tokens=16, epochs=2, eval_prompts=2,
-             max_steps=None)
+QUICK: dict[str, Any] = dict(target_steps=60, per_source=8, max_tokens=16, epochs=2, eval_prompts=2,
+                              max_steps=None)
 
 
 def _build_target(models: Path, steps: int) -> Path:
