@@ -23,10 +23,15 @@ def _shoot(d, name: str) -> Path:
 
 
 def _text(d, css: str) -> str:
+    """The element's text; "" while it is missing or being re-rendered (callers poll)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    els = d.find_elements(By.CSS_SELECTOR, css)
-    return els[0].text if els else ""
+    try:
+        els = d.find_elements(By.CSS_SELECTOR, css)
+        return els[0].text if els else ""
+    except StaleElementReferenceException:
+        return ""
 
 
 def _click(d, label: str, answer: str | None = None) -> None:
@@ -153,18 +158,18 @@ def test_run_page_cancel_hold_release_retry(api, worker, server, home, browser):
         _click(d, "Hold")
         waiting = lambda: [j for j in api.get(f"/v1/runs/{run['id']}").json()["jobs"]  # noqa: E731
                            if j["status"] in ("pending", "queued")]
-        wait_for(lambda: waiting() and all(j["held"] for j in waiting()), 20, 0.2, "held")
-        wait_for(lambda: "Release" in _text(d, "#run-actions"), 20, 0.2, "a Release button")
+        wait_for(lambda: waiting() and all(j["held"] for j in waiting()), 60, 0.2, "held")
+        wait_for(lambda: "Release" in _text(d, "#run-actions"), 60, 0.2, "a Release button")
         _shoot(d, "run-held")
         _click(d, "Release")
-        wait_for(lambda: not any(j["held"] for j in waiting()), 20, 0.2, "released")
+        wait_for(lambda: not any(j["held"] for j in waiting()), 60, 0.2, "released")
         _click(d, "Cancel run")
-        wait_for(lambda: api.get(f"/v1/runs/{run['id']}").json()["status"] == "cancelled", 30,
+        wait_for(lambda: api.get(f"/v1/runs/{run['id']}").json()["status"] == "cancelled", 60,
                  0.3, "the run cancelled")
-        wait_for(lambda: "Retry run" in _text(d, "#run-actions"), 20, 0.2, "a Retry button")
+        wait_for(lambda: "Retry run" in _text(d, "#run-actions"), 60, 0.2, "a Retry button")
         _shoot(d, "run-cancelled")
         _click(d, "Retry run")
-        wait_for(lambda: api.get(f"/v1/runs/{run['id']}").json()["status"] != "cancelled", 30,
+        wait_for(lambda: api.get(f"/v1/runs/{run['id']}").json()["status"] != "cancelled", 60,
                  0.3, "the run retried")
     finally:
         api.post(f"/v1/runs/{run['id']}/cancel")

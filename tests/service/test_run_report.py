@@ -38,7 +38,8 @@ def test_run_page_in_chromium(api, server, reported_run, browser):
     el = {i: d.find_element(By.ID, i) for i in (
         "verdict", "tau", "per-position-chart", "loss-chart", "acceptance-curve", "eval-plot",
         "serve-command", "copy-serve", "lineage", "run-owner")}
-    rep = api.get(f"/v1/runs/{run['id']}/report").json()
+    # what the page's viewer (the run's owner, a member) reads: server folders as labels
+    rep = api.as_(reported_run["token"]).get(f"/v1/runs/{run['id']}/report").json()
     ev = rep["evaluation"]
 
     # Verdict first: above everything else the report shows.
