@@ -105,7 +105,7 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
             continue
         st.total += 1
         if r.job_id is None:
-            st.free.append(r.index)  # type: ignore[arg-type]  # the column, not tuple.index
+            st.free.append(r.index)
         elif r.owner_id is not None:
             held[r.owner_id] = held.get(r.owner_id, 0) + 1
             h = by_job.get(r.job_id)
@@ -115,7 +115,7 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
                     r.preempt_by, list((r.preemption or {}).get("history") or []),
                     r.started_at.timestamp() if r.started_at else 0.0)
                 st.holders.append(h)
-            h.gpus.append(r.index)  # type: ignore[arg-type]  # the column, not tuple.index
+            h.gpus.append(r.index)
     if not states:
         busy = session.scalar(select(cpu_busy)) or 0
     return list(states.values()), max(0, cpu_total - busy), held
