@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from app.core.config import get_settings
@@ -60,8 +61,14 @@ def shown(body: Any, user: "Principal") -> Any:
     (the artifact store, uploads, the data and model roots, the home) becomes `<label>:` and
     the rest of the path stays (`artifacts:dataset/art_x`, `models:qwen3-8b`): API.md, the
     roots are never shown (issue 26 item 7). Admins see the paths as they are."""
+    return hider(user)(body)
+
+
+def hider(user: "Principal") -> Callable[[Any], Any]:
+    """`shown` for many bodies of one reader (a followed log, an event stream): the folders
+    are resolved once, not once per chunk."""
     if user.is_admin:
-        return body
+        return lambda body: body
     labels = _labels()
 
     def walk(v: Any) -> Any:
@@ -72,4 +79,4 @@ def shown(body: Any, user: "Principal") -> Any:
         if isinstance(v, list | tuple):
             return [walk(x) for x in v]
         return v
-    return walk(body)
+    return walk

@@ -14,7 +14,7 @@ from app.core.db import unit_of_work
 from app.core.deps import CurrentUser, PageDep, SessionDep
 from app.core.idempotency import idempotent
 from app.core.jsonresp import SafeJSONResponse
-from app.core.paths import shown
+from app.core.paths import hider, shown
 from app.core.reads import typed
 from app.jobs import logs, service
 from app.jobs.params import validate_params
@@ -112,12 +112,13 @@ def job_events(*, job_id: str, request: Request, after_seq: int = Query(0, ge=0)
 async def _stream_events(job_id: str, after: int, request: Request, user: Principal):
     import orjson
 
+    hide = hider(user)
     while True:
         def poll(after: int = after):  # bound now: the loop moves `after` on
             with unit_of_work(read_only=True) as s:
                 evs = service.events(s, job_id, after, 500)
                 done = service.get_job(s, job_id).status in TERMINAL
-                return shown([_event_dict(e) for e in evs], user), done
+                return hide([_event_dict(e) for e in evs]), done
         evs, done = await asyncio.to_thread(poll)
         for e in evs:
             after = e["seq"]
@@ -136,7 +137,8 @@ def job_logs(*, job_id: str, request: Request, tail: int | None = Query(None, ge
     service.get_job(session, job_id)
     if not follow:
         return PlainTextResponse(shown(logs.read_tail(job_id, tail), user))
-    return StreamingResponse((shown(chunk, user) async for chunk in logs.follow(job_id, tail, request)),
+    hide = hider(user)
+    return StreamingResponse((hide(chunk) async for chunk in logs.follow(job_id, tail, request)),
                              media_type="text/plain")
 
 

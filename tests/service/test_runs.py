@@ -4,13 +4,13 @@ stages and resumes training."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from tests.conftest import wait_for
 from tests.stages.conftest import shared_fixtures
+from tests.tiny import ingested, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +29,7 @@ def target(api, home, tmp_path_factory):
 
 
 def _dataset(api, home, name: str, records: list[dict]) -> dict:
-    p = home / "data" / f"{name}.jsonl"
-    p.write_text("".join(json.dumps(r) + "\n" for r in records))
-    d = api.post("/v1/datasets", {"name": name, "path": str(p)}).json()
-    return wait_for(lambda: (x := api.get(f"/v1/datasets/{d['id']}").json())["status"] != "ingesting"
-                    and x, 120, 0.3, "ingest")
+    return ingested(api, write_jsonl(home / "data" / f"{name}.jsonl", records), name, 120)
 
 
 def _records(n: int, broken_every: int | None = None) -> list[dict]:
