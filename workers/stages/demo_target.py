@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from workers.stages.tinymodel import build_tiny_target
+from workers.stages.tokenizer_load import cache_root
 
 DEMO_META_FILE = "demo_target.json"
 
@@ -215,13 +216,9 @@ def _build(out_dir, cfg: "DemoTargetConfig", chat_template, on_step) -> Path:
     return out
 
 
-def cache_root() -> Path:
-    """Where built demo targets are kept: $DRAFTYARD_CACHE or ~/.cache/draftyard."""
-    return Path(os.environ.get("DRAFTYARD_CACHE") or Path.home() / ".cache" / "draftyard")
-
-
 def cached_demo_target(cfg: DemoTargetConfig | None = None, chat_template: str | None = None,
-                       root: Path | None = None) -> Path:
+                       root: Path | None = None,
+                       on_step: Callable[[int, float], None] | None = None) -> Path:
     """The demo target for `cfg`, built once per machine and reused (the build is
     deterministic, so the cache only saves time). Keyed by the config, the template and the
     library versions that could change the result; filled by an atomic rename.
@@ -250,7 +247,7 @@ def cached_demo_target(cfg: DemoTargetConfig | None = None, chat_template: str |
             return final
         tmp = final.with_name(f"{key}.tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        build_demo_target(tmp, cfg, chat_template=chat_template)
+        build_demo_target(tmp, cfg, chat_template=chat_template, on_step=on_step)
         shutil.rmtree(final, ignore_errors=True)  # a folder without its meta: half-built
         tmp.rename(final)
     return final
@@ -266,19 +263,18 @@ def main() -> None:
                     help="use the per-machine cache ($DRAFTYARD_CACHE) instead of OUT_DIR")
     a = ap.parse_args()
     tmpl = Path(a.chat_template).read_text() if a.chat_template else None
-    if a.cached:
-        cfg = DemoTargetConfig(steps=a.steps, seed=a.seed)
-        print(cached_demo_target(cfg, chat_template=tmpl))
-        return
-    if not a.out_dir:
-        ap.error("OUT_DIR is required unless --cached")
 
     def report(step: int, loss: float) -> None:
         if step % 50 == 0 or step == a.steps - 1:
             print(f"step {step:4d}  loss {loss:.3f}", flush=True)
 
-    out = build_demo_target(a.out_dir, DemoTargetConfig(steps=a.steps, seed=a.seed),
-                            chat_template=tmpl, on_step=report)
+    cfg = DemoTargetConfig(steps=a.steps, seed=a.seed)
+    if a.cached:  # the path is the last line printed (app/cli/demo.py reads it)
+        print(cached_demo_target(cfg, chat_template=tmpl, on_step=report), flush=True)
+        return
+    if not a.out_dir:
+        ap.error("OUT_DIR is required unless --cached")
+    out = build_demo_target(a.out_dir, cfg, chat_template=tmpl, on_step=report)
     print(json.dumps(json.loads((out / DEMO_META_FILE).read_text())))
 
 

@@ -251,9 +251,9 @@ def _clip(s: str, n: int = 120) -> str:
 
 # -- building a Masker ---------------------------------------------------------------------
 def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
+    from workers.stages.tokenizer_load import load_auto_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    tok = load_auto_tokenizer(path)  # AutoTokenizer's, without importing torch when it can
     if not getattr(tok, "is_fast", False):
         raise ValueError(f"the tokenizer at {path} has no fast (Rust) version; prepare needs "
                          "its offsets")
