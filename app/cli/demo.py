@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -36,16 +37,32 @@ QUICK: dict[str, Any] = dict(target_steps=150, per_source=8, max_tokens=32, epoc
 
 
 def _build_target(models: Path, steps: int) -> Path:
+    """The demo target in the demo's model root: copied from the per-machine cache
+    ($DRAFTYARD_CACHE, ~/.cache/draftyard), which builds it the first time (the build is
+    deterministic, so every later demo, whatever its DRAFTYARD_HOME, reuses it)."""
     out = models / f"demo-target-{steps}"
     if (out / "config.json").exists() and (out / "demo_target.json").exists():
         console.print(f"target: reusing {out}")
         return out
-    console.print(f"target: building a tiny Qwen3 ({steps} training steps on the stdlib)...")
+    console.print(f"target: a tiny Qwen3 ({steps} training steps on the stdlib), built once per "
+                  "machine...")
     t = time.time()
-    subprocess.run([sys.executable, "-m", "workers.stages.demo_target", str(out), "--steps",
-                    str(steps)], check=True, cwd=str(REPO),
-                   env={**os.environ, "PYTHONPATH": str(REPO)})
-    console.print(f"target: built in {time.time() - t:.0f} s at {out}")
+    proc = subprocess.Popen([sys.executable, "-m", "workers.stages.demo_target", "--cached",
+                             "--steps", str(steps)], cwd=str(REPO), stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    last = ""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if last:
+            console.print(f"  {last}")
+        last = line.strip()
+    if proc.wait() != 0:
+        raise RuntimeError(f"building the demo target failed (exit {proc.returncode})")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(last, tmp)
+    tmp.rename(out)
+    console.print(f"target: ready in {time.time() - t:.0f} s at {out} (cache: {last})")
     return out
 
 
