@@ -167,7 +167,7 @@ def test_cancel_run_during_train_then_retry_reuses_and_resumes(api, worker, targ
     ds = _dataset(api, home, "resume", _records(24))
     body = _body(target, ds, name="resume")
     body["stages"]["generate"] = {"backend": "hf", "max_tokens": 8, "batch_size": 8}
-    body["stages"]["train"].update(max_steps=150, epochs=200, checkpoint_every=3, gpus=1)
+    body["stages"]["train"].update(max_steps=40, epochs=200, checkpoint_every=3, gpus=1)
     body["stages"]["evaluate"] = {"num_prompts": 2, "max_new_tokens": 8}
     run = api.post("/v1/runs", body, timeout=180)
     assert run.status_code == 201, run.text
