@@ -1,10 +1,14 @@
 """Fixtures of the service tests: the in-process ones (on the rolled-back `db` session), and a
-finished run (prepare -> extract -> train -> evaluate) on a tiny target, owned by a member and
-made entirely through the Python client, shared by the client, CLI and run-report tests so that
-its stages run once per session."""
+finished run (prepare -> extract -> train -> evaluate) on a tiny target, owned by a member,
+set up through the Python client and submitted with `draftyard run --follow` (the CLI's whole
+run), shared by the client, CLI and run-report tests so that its stages run once per session."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -12,6 +16,7 @@ import pytest
 from app.core.auth import Principal
 from app.core.ids import new_id
 from app.models import User
+from tests.conftest import REPO
 from tests.service.browser import browser  # noqa: F401  headless Chromium, for the dashboard tests
 from tests.tiny import counting_records, write_jsonl
 
@@ -53,8 +58,16 @@ def reported_run(api, worker, home, tmp_path_factory) -> dict:
                        "train": {"epochs": 4, "max_steps": 12, "seq_length": 256, "log_every": 1,
                                  "drafter": {"num_anchors": 16}},
                        "evaluate": {"num_prompts": 2, "max_new_tokens": 8}}}
-    run = c.create_run(body)
-    run = c.wait_run(run["id"], timeout=600)
+    # Submitted as a user would from the terminal; the client then waits on it.
+    body_file = f.with_name("run.json")
+    body_file.write_text(json.dumps(body))
+    env = {**os.environ, "DRAFTYARD_URL": api.url, "DRAFTYARD_TOKEN": user["token"],
+           "COLUMNS": "200", "NO_COLOR": "1"}
+    p = subprocess.run([sys.executable, "-m", "app.cli.main", "run", str(body_file), "--follow"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    run_id = p.stdout.split("submitted run ")[1].split(":")[0].strip()
+    run = c.wait_run(run_id, timeout=600)
     assert run["status"] == "succeeded", run["stages"]
     return {"run": run, "user": user, "target": target, "dataset": ds, "upload_progress": seen,
-            "file": f, "token": user["token"]}
+            "file": f, "token": user["token"], "cli_follow": p.stdout}

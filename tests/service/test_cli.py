@@ -49,7 +49,7 @@ def _body(target, ds_id: str, **train) -> dict:
     return body
 
 
-def test_plan_run_and_runs(api, worker, tiny, tmp_path):
+def test_plan_and_run_refusals(api, worker, tiny, tmp_path):
     f = tmp_path / "chat.jsonl"
     f.write_text("".join(json.dumps({"messages": [
         {"role": "user", "content": f"count to {i}"},
@@ -74,14 +74,8 @@ def test_plan_run_and_runs(api, worker, tiny, tmp_path):
     good.write_text(json.dumps(_body(tiny, ds_id)))
     r = cli(api, "plan", str(good))
     assert r.returncode == 0 and "plan (" in r.stdout and "ok" in r.stdout, r.stdout
-    r = cli(api, "run", str(good), "--follow")
-    assert r.returncode == 0, r.stdout + r.stderr
-    run_id = r.stdout.split("submitted run ")[1].split(":")[0].strip()
-    assert "prepare -> extract -> train" in r.stdout
-    assert f"run {run_id}: succeeded" in r.stdout, r.stdout
-    assert api.get(f"/v1/runs/{run_id}").json()["status"] == "succeeded"
-    r = cli(api, "runs")
-    assert r.returncode == 0 and run_id in r.stdout and "train:succeeded" in r.stdout, r.stdout
+    # `draftyard run --follow` to the end: the session's shared run is submitted that way
+    # (tests/service/conftest.py reported_run; test_run_report.py reads what it printed).
 
     broken = tmp_path / "broken.json"
     broken.write_text('{"name": "x",\n "target_id": }')

@@ -84,6 +84,16 @@ def test_run_page_in_chromium(api, server, reported_run, browser):
     _shoot(d, "runs-list")
 
 
+def test_run_follow_then_runs_in_the_terminal(api, reported_run):
+    """The shared run was submitted with `draftyard run --follow` (conftest.py): what it
+    printed while following, then `draftyard runs` listing it."""
+    run, out = reported_run["run"], reported_run["cli_follow"]
+    assert "prepare -> extract -> train -> evaluate" in out, out
+    assert f"run {run['id']}: succeeded" in out, out
+    r = cli(api.as_(reported_run["token"]), "runs")
+    assert r.returncode == 0 and run["id"] in r.stdout and "train:succeeded" in r.stdout, r.stdout
+
+
 def test_runs_show_in_the_terminal(api, reported_run):
     run, user = reported_run["run"], reported_run["user"]
     r = cli(api, "runs", "show", run["id"])
