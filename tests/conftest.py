@@ -303,13 +303,14 @@ def pytest_terminal_summary(terminalreporter):
 # last and one process ran them alone at the end). CPU seconds measured per module; a module
 # not listed counts as short.
 LONG_FIRST = {
-    "tests.service.test_demo": 230, "tests.service.test_runs": 210,
-    "tests.stages.test_prepare_token_rows": 120, "tests.service.test_cli": 95,
-    "tests.stages.test_demo_target": 85, "reported_run": 60, "tests.faults.test_faults": 47,
-    "tests.stages.test_train_resume": 45, "tests.stages.test_evaluate": 33,
-    "tests.service.test_scheduling": 32, "tests.stages.test_train": 31,
-    "tests.service.test_generate_kill": 28, "tests.service.test_first_day": 28,
-    "tests.service.test_runs_hybrid": 27, "tests.service.test_cli_first_day": 24,
+    "tests.service.test_runs": 175, "tests.service.test_demo": 135, "reported_run": 105,
+    "tests.stages.test_evaluate_trained": 77, "tests.faults.test_faults": 73,
+    "tests.service.test_first_day": 68, "tests.stages.test_prepare_token_rows": 65,
+    "tests.stages.test_train_resume": 61, "tests.stages.test_evaluate": 60,
+    "tests.service.test_scheduling": 58, "tests.service.test_cli": 50,
+    "tests.service.test_generate_kill": 48, "tests.stages.test_generate": 41,
+    "tests.stages.test_train": 41, "tests.stages.test_demo_target": 36,
+    "tests.service.test_runs_hybrid": 32,
 }
 
 
