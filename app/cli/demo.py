@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from app.cli.report import print_report as show_report
 from app.cli.runs import print_plan
 from app.cli.view import console, follow_jobs
 from draftyard import ApiError, Client
+from procgroup import spawn
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "demo" / "data"
@@ -47,9 +49,9 @@ def _build_target(models: Path, steps: int) -> Path:
     console.print(f"target: a tiny Qwen3 ({steps} training steps on the stdlib), built once per "
                   "machine...")
     t = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "workers.stages.demo_target", "--cached",
-                             "--steps", str(steps)], cwd=str(REPO), stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = spawn([sys.executable, "-m", "workers.stages.demo_target", "--cached", "--steps",
+                  str(steps)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                 env={**os.environ, "PYTHONPATH": str(REPO)}, death_signal=signal.SIGTERM)
     last = ""
     assert proc.stdout is not None
     for line in proc.stdout:

@@ -12,24 +12,28 @@ import sys
 from tests.conftest import REPO
 from workers.stages.tinymodel import qwen3_tokenizer_dir
 
+TEXTS = ["hello world", "def f(x):\n    return x  # \u00e9\u4e2d\u6587 \U0001f600",
+         "<|im_start|>user\nhi<|im_end|>\n<think>\n\n</think>\n\n", "  spaces\t\ttabs\n\n"]
+
 PROBE = r"""
 import json, sys
 from workers.stages.prepare.masks import load_tokenizer
-tok = load_tokenizer(sys.argv[1])
-texts = ["hello world", "def f(x):\n    return x  # \u00e9\u4e2d\u6587 \U0001f600",
-         "<|im_start|>user\nhi<|im_end|>\n<think>\n\n</think>\n\n", "  spaces\t\ttabs\n\n"]
-enc = [tok(t, return_offsets_mapping=True, add_special_tokens=False) for t in texts]
-print(json.dumps({"class": type(tok).__name__, "torch": "torch" in sys.modules, "len": len(tok),
-                  "ids": [e["input_ids"] for e in enc],
-                  "offsets": [[list(o) for o in e["offset_mapping"]] for e in enc],
-                  "eos": tok.eos_token_id, "pad": tok.pad_token_id,
-                  "special": sorted(map(str, tok.all_special_tokens)),
-                  "template": tok.chat_template,
-                  "decoded": tok.decode(enc[1]["input_ids"])}))
+from tests.stages.test_tokenizer_load import TEXTS, describe
+print(json.dumps({**describe(load_tokenizer(sys.argv[1])), "torch": "torch" in sys.modules}))
 """
 
 
-def _load(folder, cache) -> dict:
+def describe(tok) -> dict:
+    enc = [tok(t, return_offsets_mapping=True, add_special_tokens=False) for t in TEXTS]
+    return {"class": type(tok).__name__, "len": len(tok), "ids": [e["input_ids"] for e in enc],
+            "offsets": [[list(o) for o in e["offset_mapping"]] for e in enc],
+            "eos": tok.eos_token_id, "pad": tok.pad_token_id,
+            "special": sorted(map(str, tok.all_special_tokens)), "template": tok.chat_template,
+            "decoded": tok.decode(enc[1]["input_ids"])}
+
+
+def _load_apart(folder, cache) -> dict:
+    """Load in a fresh interpreter (the way a plan or prepare process does)."""
     env = {**os.environ, "DRAFTYARD_CACHE": str(cache), "PYTHONPATH": str(REPO)}
     p = subprocess.run([sys.executable, "-c", PROBE, str(folder)], capture_output=True, text=True,
                        env=env, cwd=REPO, timeout=300)
@@ -48,23 +52,32 @@ def _copy(tmp_path, name: str, config: dict | None = None, tok_config: dict | No
     return d
 
 
-def test_second_load_skips_torch_gives_the_same_tokenizer_and_follows_changes(tmp_path):
+def test_a_later_load_skips_torch_gives_autotokenizers_tokenizer_and_follows_changes(
+        tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from workers.stages.tokenizer_load import load_auto_tokenizer
+
     cache = tmp_path / "cache"
+    monkeypatch.setenv("DRAFTYARD_CACHE", str(cache))
+    memos = lambda: sorted(p.name for p in (cache / "tokenizer_classes").glob("*.json"))  # noqa: E731
     # A Qwen3.5 config: AutoTokenizer overrides the hub's Qwen2Tokenizer for this model type
     # (transformers' MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS); the remembered choice is its.
     folder = _copy(tmp_path, "q35", {"model_type": "qwen3_5"})
-    first, again = _load(folder, cache), _load(folder, cache)
-    assert first["torch"] is True and first["class"] == "Qwen3_5Tokenizer"  # AutoTokenizer's
-    assert again["torch"] is False, "the second load imported torch"
-    assert again == {**first, "torch": False}
+    auto = describe(AutoTokenizer.from_pretrained(str(folder), local_files_only=True))
+    assert auto["class"] == "Qwen3_5Tokenizer"
+    assert describe(load_auto_tokenizer(folder)) == auto and len(memos()) == 1
+    later = _load_apart(folder, cache)  # what a plan or prepare process gets
+    assert later.pop("torch") is False, "the load from the remembered class imported torch"
+    assert later == auto
     # The folder now says qwen3: the choice is AutoTokenizer's again, not the memo's.
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
-    changed = _load(folder, cache)
-    assert changed["torch"] is True and changed["class"] == "Qwen2Tokenizer"
-    assert changed["ids"] == first["ids"]
-    # A tokenizer_config that names code (auto_map): whatever AutoTokenizer decides for it
-    # (here: the local class, as the code is not trusted), it decides every time.
+    changed = describe(load_auto_tokenizer(folder))
+    assert changed["class"] == "Qwen2Tokenizer" and changed["ids"] == auto["ids"]
+    assert len(memos()) == 2
+    # A tokenizer_config that names code (auto_map): AutoTokenizer decides every time (here it
+    # takes the local class, the code not being trusted), and nothing is remembered.
     remote = _copy(tmp_path, "r", tok_config={"auto_map": {"AutoTokenizer": ["tok.MyTok", None]}})
-    memos = sorted((cache / "tokenizer_classes").iterdir())
-    assert _load(remote, cache)["torch"] is True
-    assert sorted((cache / "tokenizer_classes").iterdir()) == memos
+    before = memos()
+    assert describe(load_auto_tokenizer(remote))["class"] == "Qwen2Tokenizer"
+    assert memos() == before
