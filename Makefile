@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml constraints-cpu.txt | sha1sum | cut -c1-10)
 
-.PHONY: install demo test test-all test-vllm vllm-install bench bench-scale services clean lint
+.PHONY: install demo test test-profile test-all test-vllm vllm-install bench bench-scale services clean lint
 
 install: $(STAMP)
 
@@ -38,6 +38,12 @@ PYTEST_PAR := $(if $(filter 0 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup 
 
 test: install services
 	$(PY) -m pytest -q $(PYTEST_PAR)
+
+# The suite with CPU seconds per test (tests/cpu_profile.py): where make test's time goes.
+test-profile: install services
+	rm -rf tmp/cpu-profile
+	$(PY) -m pytest -q $(PYTEST_PAR) -p tests.cpu_profile
+	$(PY) -m tests.cpu_profile
 
 test-all: install services
 	$(PY) -m pytest -q $(PYTEST_PAR) -m "not gpu and not vllm_cpu"
