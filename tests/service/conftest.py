@@ -6,9 +6,6 @@ run), shared by the client, CLI and run-report tests so that its stages run once
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
 
 import pytest
@@ -16,7 +13,6 @@ import pytest
 from app.core.auth import Principal
 from app.core.ids import new_id
 from app.models import User
-from tests.conftest import REPO
 from tests.service.browser import browser  # noqa: F401  headless Chromium, for the dashboard tests
 from tests.tiny import counting_records, write_jsonl
 
@@ -59,12 +55,11 @@ def reported_run(api, worker, home, tmp_path_factory) -> dict:
                                  "drafter": {"num_anchors": 16}},
                        "evaluate": {"num_prompts": 2, "max_new_tokens": 8}}}
     # Submitted as a user would from the terminal; the client then waits on it.
+    from tests.service.test_cli import cli
+
     body_file = f.with_name("run.json")
     body_file.write_text(json.dumps(body))
-    env = {**os.environ, "DRAFTYARD_URL": api.url, "DRAFTYARD_TOKEN": user["token"],
-           "COLUMNS": "200", "NO_COLOR": "1"}
-    p = subprocess.run([sys.executable, "-m", "app.cli.main", "run", str(body_file), "--follow"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    p = cli(api.as_(user["token"]), "run", str(body_file), "--follow", timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run_id = p.stdout.split("submitted run ")[1].split(":")[0].strip()
     run = c.wait_run(run_id, timeout=600)
