@@ -205,6 +205,9 @@ def run_job(job_id: str, node: str) -> str:
         sup = Supervisor(done)
         sup.start()
         outcome = sup.watch()
+        # The stage has ended and its scratch holds nothing the outcome needs: drop it before
+        # the job turns terminal, so a finished job never has scratch left on its node.
+        shutil.rmtree(done.scratch, ignore_errors=True)
         # The stage has ended: no process to fence, so keep trying to record its outcome
         # until the reaper would take the job anyway (then finish records nothing).
         retrying(lambda: finish(done, outcome), f"job {job_id}: finish", fence_s())
@@ -215,6 +218,8 @@ def run_job(job_id: str, node: str) -> str:
     except Exception as e:  # infrastructure failure: record it, never hang
         if sup is not None:
             sup.kill()  # nothing of this attempt may outlive its supervisor
+        if att is not None:
+            shutil.rmtree(att.scratch, ignore_errors=True)
         log.exception("job %s failed in the worker", job_id)
         with unit_of_work() as s:
             job = s.get_one(Job, job_id, with_for_update=True)
@@ -225,7 +230,7 @@ def run_job(job_id: str, node: str) -> str:
                            else {"code": "worker_error", "message": f"{type(e).__name__}: {e}"})
                     transition(s, job, S.failed, error=err)
     finally:
-        if att is not None:  # the node-local scratch of this attempt
+        if att is not None:  # the node-local scratch of this attempt (a backstop)
             shutil.rmtree(att.scratch, ignore_errors=True)
     # No explicit nudge: the final transition wakes the scheduler (app/wiring.py).
     return "done"
