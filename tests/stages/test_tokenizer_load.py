@@ -70,6 +70,10 @@ def test_a_later_load_skips_torch_gives_autotokenizers_tokenizer_and_follows_cha
     later = _load_apart(folder, cache)  # what a plan or prepare process gets
     assert later.pop("torch") is False, "the load from the remembered class imported torch"
     assert later == auto
+    # A copy elsewhere (same files, another path) is the same choice: remembered already.
+    copy = shutil.copytree(folder, tmp_path / "q35-copy")
+    elsewhere = _load_apart(copy, cache)
+    assert elsewhere.pop("torch") is False and elsewhere == auto and len(memos()) == 1
     # The folder now says qwen3: the choice is AutoTokenizer's again, not the memo's.
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     changed = describe(load_auto_tokenizer(folder))

@@ -11,8 +11,9 @@ Which class AutoTokenizer picks for a folder is a rule of transformers' own (the
 fallbacks to TokenizersBackend) that changes between releases. So this module does not
 re-implement it: the first load of a folder goes through AutoTokenizer, and the class it chose
 is remembered per machine, keyed by everything the choice reads (the folder's file names,
-tokenizer_config.json, config.json and the transformers version). Every later load builds
-that class directly with the same arguments: same class, same files, same tokenizer, no torch.
+tokenizer_config.json, config.json and the transformers version), not by where the folder
+is. Every later load builds that class directly with the same arguments: same class, same
+files, same tokenizer, no torch.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ def cache_root() -> Path:
 
 
 def _choice_key(folder: Path, transformers_version: str) -> str | None:
-    h = hashlib.sha256(f"v1 {transformers_version} {folder.resolve()}\n".encode())
+    # Not the folder's path: AutoTokenizer's choice reads only what is hashed here, so a copy
+    # of a model elsewhere (another snapshot of the same revision, a fresh checkout) is
+    # remembered too.
+    h = hashlib.sha256(f"v2 {transformers_version}\n".encode())
     try:
         h.update("\0".join(sorted(os.listdir(folder))).encode())
         for name in _CHOICE_FILES:
