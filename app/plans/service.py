@@ -1,17 +1,28 @@
 """Plans: dry-run a run's body on a sample of its dataset before any GPU hour is spent.
 
 The checks need the tokenizer and the chat template, which live in the stage core, so the
-API runs the `plan` stage as a short child process (`python -m workers.stages plan`) rather
-than importing it (app/ never imports torch, transformers or workers/)."""
+API runs the `plan` stage as a short child process rather than importing it (app/ never
+imports torch, transformers or workers/): forked by a warm plan server
+(workers/stages/plan_server.py, one per API process, started with the first plan) that has
+the stage core imported already, or, when that server cannot be reached or is turned off
+(DRAFTYARD_PLAN_SERVER=false), a fresh `python -m workers.stages plan`. Both run the same
+code on the same spec and leave the same events."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import fcntl
 import json
+import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,8 +37,11 @@ from app.plans.nodes import gpu_node_warnings
 from app.plans.params import name_params
 from contracts.run import RunSpec
 from contracts.spec import StageSpec
+from procgroup import spawn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+PLAN_TIMEOUT_S = 120
+log = logging.getLogger(__name__)
 
 
 def _plan_inputs(body: RunSpec) -> tuple[dict, dict | None]:
@@ -88,11 +102,8 @@ def _run_plan(s, target: dict, dataset: dict | None, body: RunSpec,
                                        "free_bytes_override": free_bytes_override,
                                        "rates": s.plan_rates})
     spec.write(work / "spec.json")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
     try:
-        proc = subprocess.run([sys.executable, "-m", "workers.stages", "plan", "--spec",
-                               str(work / "spec.json")], capture_output=True, text=True,
-                              timeout=120, env=env, cwd=str(work))
+        rc, stderr = _plan_process(s, work)
         result = None
         events = Path(spec.events_path or "")
         for line in events.read_text().splitlines() if events.exists() else []:
@@ -104,13 +115,115 @@ def _run_plan(s, target: dict, dataset: dict | None, body: RunSpec,
                                                    "message": ev["data"]["message"]}],
                           "estimates": {}, "warnings": [], "failures": []}
         if result is None:
-            raise Unavailable("the plan could not run: " + (proc.stderr or "")[-500:],
-                              code="plan_failed")
+            raise Unavailable("the plan could not run: " + stderr[-500:], code="plan_failed")
         return result
-    except subprocess.TimeoutExpired as e:
-        raise Unavailable("the plan took longer than 120 s", code="plan_timeout") from e
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _plan_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _plan_process(s, work: Path) -> tuple[int, str]:
+    """Run the plan of `work/spec.json`: (exit status, its stderr). Warm when it can be."""
+    if s.plan_server:
+        answer = PLAN_SERVER.run(s, work, PLAN_TIMEOUT_S)
+        if answer is not None:
+            if answer.get("timed_out"):
+                raise Unavailable(f"the plan took longer than {PLAN_TIMEOUT_S} s",
+                                  code="plan_timeout")
+            err = work / "stderr.txt"
+            return int(answer["rc"]), err.read_text(errors="replace") if err.exists() else ""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "workers.stages", "plan", "--spec",
+                               str(work / "spec.json")], capture_output=True, text=True,
+                              timeout=PLAN_TIMEOUT_S, env=_plan_env(), cwd=str(work))
+    except subprocess.TimeoutExpired as e:
+        raise Unavailable(f"the plan took longer than {PLAN_TIMEOUT_S} s",
+                          code="plan_timeout") from e
+    return proc.returncode, proc.stderr or ""
+
+
+class PlanServer:
+    """This API process's warm plan server (workers/stages/plan_server.py): started with the
+    first plan, restarted when it has died, gone with this process (it watches its parent).
+    `run` returns None when the server cannot be reached; the caller then plans in a fresh
+    process, so a broken server costs time, never a plan."""
+
+    START_TIMEOUT_S = 60.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._dir: Path | None = None
+
+    @property
+    def socket_path(self) -> Path | None:
+        return None if self._dir is None else self._dir / "plan.sock"
+
+    def _ensure(self, s) -> Path | None:
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None and self.socket_path \
+                    and self.socket_path.exists():
+                return self.socket_path
+            self._stop()
+            # A short private folder: a Unix socket's path has to fit in 108 bytes.
+            self._dir = Path(tempfile.mkdtemp(prefix="draftyard-plan-",
+                                              dir="/tmp" if os.path.isdir("/tmp") else None))
+            path = self.socket_path
+            assert path is not None
+            self._proc = spawn([sys.executable, "-m", "workers.stages.plan_server", "--socket",
+                                str(path)], env=_plan_env(), cwd=REPO_ROOT,
+                               log=s.home / "plans" / "server.log",
+                               death_signal=None)  # it watches this process instead
+            deadline = time.monotonic() + self.START_TIMEOUT_S
+            while time.monotonic() < deadline and self._proc.poll() is None:
+                if path.exists():
+                    return path
+                time.sleep(0.05)
+            log.warning("the plan server did not start (status %s); planning in fresh "
+                        "processes", self._proc.poll())
+            self._stop()
+            return None
+
+    def _stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(5)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        self._proc = self._dir = None
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def run(self, s, work: Path, timeout_s: float) -> dict | None:
+        path = self._ensure(s)
+        if path is None:
+            return None
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                c.settimeout(timeout_s + 30)
+                c.connect(str(path))
+                c.sendall(json.dumps({"spec": str(work / "spec.json"), "cwd": str(work),
+                                      "timeout_s": timeout_s}).encode() + b"\n")
+                with c.makefile("rb") as f:
+                    line = f.readline()
+            answer = json.loads(line) if line else None
+        except (OSError, ValueError):
+            answer = None
+        if not isinstance(answer, dict) or "rc" not in answer:
+            log.warning("the plan server gave no answer (%r); planning in a fresh process",
+                        answer)
+            return None
+        return answer
+
+
+PLAN_SERVER = PlanServer()
+atexit.register(PLAN_SERVER.stop)
 
 
 def plan_or_refuse(body: RunSpec) -> dict:
