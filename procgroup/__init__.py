@@ -95,6 +95,23 @@ def spawn(cmd: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | P
             fh.close()
 
 
+def fork_child(death_signal: int = signal.SIGKILL) -> int:
+    """`os.fork()` the one way a warm server starts a child (workers/stages/plan_server.py):
+    the child in a process group of its own (stopping it reaches what it started), with
+    `death_signal` when the forking process dies (call it from a single-threaded server: the
+    signal is tied to the forking thread). 0 in the child, the child's pid in the parent."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        os.setpgid(0, 0)
+        if _prctl_pdeathsig(death_signal) and os.getppid() != parent:
+            os.kill(os.getpid(), death_signal)  # the server died before the signal was armed
+        return 0
+    with contextlib.suppress(OSError):  # both sides, so no signal finds the group unmade
+        os.setpgid(pid, pid)
+    return pid
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nobody listens on now (the kernel's pick); the server binds it moments later."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

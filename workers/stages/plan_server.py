@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from procgroup import fork_child
+
 
 def warm() -> None:
     """Import what every plan imports (the stage core, the tokenizer classes a folder's
@@ -57,7 +59,6 @@ def _child(sock: socket.socket, listener: socket.socket, req: dict) -> None:
         listener.close()
         sock.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.setpgid(0, 0)  # a group of its own: a timeout kills what the plan started, too
         cwd = Path(req["cwd"])
         os.chdir(cwd)
         for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
@@ -136,7 +137,7 @@ class Server:
                 conn.sendall(json.dumps({"error": str(e)}).encode() + b"\n")
             conn.close()
             return
-        pid = os.fork()
+        pid = fork_child()  # its own group: a timeout kills what the plan started, too
         if pid == 0:
             _child(conn, lst, req)
         now = time.monotonic()
