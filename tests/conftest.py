@@ -306,7 +306,7 @@ LONG_FIRST = {
     "tests.service.test_runs": 175, "tests.service.test_demo": 135, "reported_run": 105,
     "tests.stages.test_evaluate_trained": 77, "tests.faults.test_faults": 73,
     "tests.service.test_first_day": 68, "tests.stages.test_prepare_token_rows": 65,
-    "tests.stages.test_train_resume": 61, "tests.stages.test_evaluate": 60,
+    "tests.stages.test_evaluate": 60,
     "tests.service.test_scheduling": 58, "tests.service.test_cli": 50,
     "tests.service.test_generate_kill": 48, "tests.stages.test_generate": 41,
     "tests.stages.test_train": 41, "tests.stages.test_demo_target": 36,

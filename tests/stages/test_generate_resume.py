@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from tests.stages.conftest import REPO, target_input
 from tests.stages.generate_support import events, make_spec
@@ -26,6 +27,9 @@ def _start(spec_path: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+# slow (~20 CPU-s): `make test` covers a SIGKILL mid-generate and a retry that writes every
+# record once through the service (tests/service/test_generate_kill.py).
+@pytest.mark.slow
 def test_sigkill_mid_way_then_rerun_gives_every_record_once(tiny_target, tmp_path):
     records = [{"id": f"r{i:02d}", "source": f"t:{i}", "messages": [
         {"role": "user", "content": f"Question {i}: " + "tell me more " * (i % 4)}]}

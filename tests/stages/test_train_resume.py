@@ -58,6 +58,9 @@ def _interrupt(spec: dict, tmp: Path, at_step: int, sig: int) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+# slow (~50 CPU-s: two train processes): `make test` covers SIGTERM -> checkpoint -> resumed
+# steps through the service (tests/service/test_runs.py, cancel during train then retry).
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_the_retry_resumes(train_data, tmp_path):
     from speculators.model import SpeculatorModel
 
