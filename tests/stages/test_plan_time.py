@@ -109,3 +109,26 @@ def test_plan_rates_setting_is_a_json_object(monkeypatch):
 
     monkeypatch.setenv("DRAFTYARD_PLAN_RATES", '{"decode_tokens_per_s_per_gpu": 2400}')
     assert Settings().plan_rates == {"decode_tokens_per_s_per_gpu": 2400}
+
+
+def test_prepare_time_is_per_core_times_the_cores_it_gets():
+    """prepare's estimate scales with the cores it runs on (the measured per-core rate), not
+    one fixed rate for any machine: 2x the cores, half the hours."""
+    from workers.stages.plan_time import estimate, merge_rates
+
+    def hours(params: dict, override: dict | None = None) -> tuple[float, str]:
+        rates, _, warn = merge_rates(override)
+        assert not warn
+        (st,) = estimate({"prepare": params}, {}, {"config": {}}, 1000, 100.0, 3.3e9, 0, rates)
+        return st["wall_hours"], st["basis"]
+
+    per_core = DEFAULT_RATES["prepare_tokens_per_s_per_core"]
+    four, basis = hours({"num_workers": 4})
+    assert four == pytest.approx(3.3e9 / (4 * per_core) / 3600, rel=1e-3)
+    assert "x 4 cores, its num_workers" in basis
+    eight, basis = hours({}, {"prepare_cores": 8})
+    assert eight == pytest.approx(four / 2, rel=1e-3) and "prepare_cores" in basis
+    fixed, basis = hours({"num_workers": 4}, {"prepare_tokens_per_s": 1.1e6})
+    assert fixed == pytest.approx(3000 / 3600, rel=1e-3) and "prepare_tokens_per_s" in basis
+    _, basis = hours({})
+    assert "this server's" in basis

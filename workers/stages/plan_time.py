@@ -5,7 +5,9 @@ Cost model (per token; P = the target's parameters from its config, Pd = the dra
   generate  prefill 2P FLOPs per prompt token + decode `answer_tokens` per record at
             `decode_tokens_per_s_per_gpu` (or, when that rate is null, at `decode_mfu` of the
             GPU's peak: peak / 2P tokens/s)
-  prepare   CPU: tokens / `prepare_tokens_per_s` (one node's cores; bench/scale.py measures it)
+  prepare   CPU: tokens / (`prepare_tokens_per_s_per_core` x cores: the prepare's num_workers,
+            else `prepare_cores`, else this server's cores); bench/scale.py measures the rate;
+            `prepare_tokens_per_s` set: that rate for the whole stage
   extract   2P FLOPs per token at `prefill_mfu`; writes the hidden states (the disk estimate)
   train     epochs x tokens x (2P online target forward + 6 Pd drafter step) at `train_mfu`
   evaluate  num_prompts x max_new_tokens decoded at batch 1 (`eval_tokens_per_s_per_gpu`)
@@ -17,6 +19,7 @@ from the deployment."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from contracts.jobtypes import NEEDS_TARGET_WEIGHTS
@@ -31,7 +34,11 @@ DEFAULT_RATES: dict[str, Any] = {
     "decode_tokens_per_s_per_gpu": None,   # null: derived from decode_mfu
     "eval_tokens_per_s_per_gpu": 60.0,     # batch-1 speculative decode of a large target
     "answer_tokens": None,        # null: generate's max_tokens per record (an upper bound)
-    "prepare_tokens_per_s": 1.0e6,
+    # bench/scale.py, 800K mixed records at seq 4096 with the Qwen3 tokenizer on 2 cores:
+    # 274M tokens in 420 s, 652K tokens/s (the fast tokenizer's floor is ~0.7 of that again)
+    "prepare_tokens_per_s_per_core": 3.3e5,
+    "prepare_cores": None,        # null: the prepare's num_workers, else this server's cores
+    "prepare_tokens_per_s": None,  # null: per core x cores
     "default_gpus": 1,
 }
 
@@ -73,6 +80,24 @@ def drafter_params(config: dict, drafter: dict) -> int:
     return layers * (4 * h * h + 3 * h * inter) + head * h + 3 * h * h  # + the fc of aux layers
 
 
+def prepare_rate(params: dict, rates: dict) -> tuple[float, str]:
+    """(tokens/s of the prepare stage, how it was reckoned)."""
+    if rates["prepare_tokens_per_s"]:
+        return float(rates["prepare_tokens_per_s"]), "prepare_tokens_per_s"
+    if params.get("num_workers"):
+        cores, whose = int(params["num_workers"]), "its num_workers"
+    elif rates["prepare_cores"]:
+        cores, whose = int(rates["prepare_cores"]), "prepare_cores"
+    else:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cores = os.cpu_count() or 1
+        whose = "this server's; set prepare_cores for the CPU nodes"
+    per_core = float(rates["prepare_tokens_per_s_per_core"])
+    return per_core * cores, f"{per_core:,.0f} per core x {cores} cores, {whose}"
+
+
 def _gpus(params: dict, rates: dict) -> int:
     return int(params.get("gpus") or rates["default_gpus"] or 1)
 
@@ -107,9 +132,10 @@ def estimate(chain: dict[str, dict], jobs_gpus: dict[str, int], target: dict,
             f"{records:,} records x {ans:,.0f} answer tokens at {dec:,.0f} tokens/s per GPU "
             f"+ prefill of {prompt_tokens:,.0f} prompt tokens at {rates['prefill_mfu']:.0%} MFU")
     if "prepare" in chain:
+        tps, how = prepare_rate(chain["prepare"], rates)
         add("prepare", 0.0, int(total_tokens * 4 * 2.2), total_tokens,
-            f"{total_tokens:,.0f} tokens at {rates['prepare_tokens_per_s']:,.0f} tokens/s (CPU)",
-            cpu_s=total_tokens / float(rates["prepare_tokens_per_s"]))
+            f"{total_tokens:,.0f} tokens at {tps:,.0f} tokens/s (CPU: {how})",
+            cpu_s=total_tokens / tps)
     if "extract" in chain:
         s = total_tokens * 2 * p_target / (peak * rates["prefill_mfu"])
         add("extract", s, hidden_bytes, total_tokens,

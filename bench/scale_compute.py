@@ -1,0 +1,191 @@
+"""The seeds' scale, compute stages (issue 22): how generate, prepare, extract, train and
+evaluate grow with their records, on the tiny demo target on the CPU.
+
+    python bench/scale_compute.py                    # N = 1K, 4K, 16K (16K: about an hour)
+    python bench/scale_compute.py --sizes 1000,4000
+
+Through the API as a user would (tests/service/stack.py: its own database, Redis DB 15, one
+API and one worker with 2 CPU slots): the demo target (workers/stages/demo_target.py, the
+per-machine cache) registered by path; at every N, N prompt-only code questions (the demo's
+prompt shapes, 6-40 words) uploaded by path; then two runs of one body:
+
+  offline  split (the default held-out share for evaluate) -> generate (HF, 16 new tokens,
+           batch 64) -> prepare (seq 256) -> extract (HF, float32) -> train (1 epoch, seq
+           256) -> evaluate (8 prompts, 16 new tokens)
+  online   the same body with mode online: generate and prepare are reused from the offline
+           run (the run's reuse rule), no extract, train computes the target's hidden states
+           itself (HF, in-process)
+
+Per stage and size: the job's wall time (started_at to finished_at), records/s, the peak RSS
+of the stage's process tree (bench/_scale_measure.py), the bytes of the artifacts it wrote, the
+database rows added while it ran (jobs, events, artifacts), and k, the growth exponent of
+wall time (cost ~ N^k) from the previous size; the JSON line carries the least-squares k over
+all sizes. evaluate's work is fixed (8 prompts), so its k says whether anything in it grows
+with the training set. Targets: k <= 1.1 per stage; events per job bounded (<= 1 per second of
+its wall + 20); peak RSS of generate and extract grows <= 1.25x over the sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench._scale_measure import (TreeRss, db_counts, fmt_n, k_between, k_fit,  # noqa: E402
+                                  print_table)
+from bench.scale import _job_wall  # noqa: E402
+
+REDIS_DB = 15
+STAGES = ("split", "generate", "prepare", "extract", "train", "evaluate")
+VERBS = ("Write a function that", "Explain how to", "Show a Python class that",
+         "Fix the bug in code that", "Write a test for a function that")
+TASKS = ("parses a config file", "sorts a list of dicts by a key", "reads a CSV file",
+         "merges two sorted lists", "counts words in a text", "retries a network call",
+         "validates an email address", "flattens a nested list", "caches a slow function",
+         "walks a directory tree")
+
+
+def prompts(n: int, seed: int) -> str:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        extra = " ".join(" ".join(rng.choice(TASKS).split()[:rng.randint(1, 4)])
+                         for _ in range(rng.randint(0, 6)))
+        q = f"{rng.choice(VERBS)} {rng.choice(TASKS)}. {extra}".strip()
+        out.append(json.dumps({"id": f"q{i}", "prompt": f"{q} (case {i})"}) + "\n")
+    return "".join(out)
+
+
+def body(target_id: str, ds_id: str, n: int, mode: str) -> dict:
+    return {"name": f"compute-{n}-{mode}", "target_id": target_id, "dataset_id": ds_id,
+            "mode": mode,
+            "drafter": {"type": "dflash", "num_layers": 1, "block_size": 4,
+                        "draft_vocab_size": 512},
+            "chat_template_kwargs": {"enable_thinking": False},
+            "stages": {"generate": {"backend": "hf", "max_tokens": 16, "batch_size": 64},
+                       "prepare": {"seq_length": 256},
+                       "extract": ({"dtype": "float32", "backend": "hf"}
+                                   if mode == "offline" else None),
+                       "train": {"epochs": 1, "seq_length": 256, "log_every": 10,
+                                 "drafter": {"num_anchors": 16}},
+                       "evaluate": {"num_prompts": 8, "max_new_tokens": 16}}}
+
+
+class RunMeasure:
+    """Follows a run's jobs; each stage's DB rows are the rows added while it ran."""
+
+    def __init__(self, stack, client, rss: TreeRss):
+        self.stack, self.c, self.rss = stack, client, rss
+
+    def run(self, b: dict, n: int, mode: str) -> list[dict]:
+        run = self.c.create_run(b)
+        jobs = {j["run_stage"]: j for j in run["jobs"]}
+        rows: list[dict] = []
+        for stage in [s for s in STAGES if s in jobs]:
+            before = db_counts(self.stack.engine())
+            self.rss.reset()
+            j = self.c.wait_job(jobs[stage]["id"], timeout=7200, poll=0.5)
+            self.rss.sample()
+            after = db_counts(self.stack.engine())
+            if j["status"] != "succeeded":
+                raise RuntimeError(f"{mode} {stage} at N={n}: {j['status']}: {j['error']}")
+            reused = j.get("reused_from") is not None
+            nbytes = sum(self.c.get_artifact(a)["bytes"] or 0 for a in j["outputs"] or [])
+            events = len(self.c.events(j["id"], limit=1000))
+            rows.append({"stage": f"{stage}:{mode}" if stage in ("train", "evaluate") else stage,
+                         "n": n, "wall_s": _job_wall(j) if not reused else 0.0,
+                         "records": n, "rss_mb": self.rss.peak.get(stage, 0) / 1e6,
+                         "bytes": nbytes, "events": events, "reused": reused,
+                         "rows": {k: after[k] - before[k] for k in after}})
+        done = self.c.wait_run(run["id"], timeout=600)
+        if done["status"] != "succeeded":
+            raise RuntimeError(f"{mode} run at N={n}: {done['status']}")
+        return [r for r in rows if not r["reused"]]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="1000,4000,16000")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    sizes = [int(float(x)) for x in a.sizes.split(",") if x]
+
+    from draftyard import Client
+    from tests.service.stack import Stack
+    from workers.stages.demo_target import cached_demo_target
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    tmp = Path(tempfile.mkdtemp(prefix="bench_compute_"))
+    data_root, model_root = tmp / "data", tmp / "models"
+    data_root.mkdir(parents=True)
+    shutil.copytree(cached_demo_target(), model_root / "demo-target")
+    stack = Stack("compute", REDIS_DB, {"DRAFTYARD_CPU_SLOTS": "2",
+                                        "DRAFTYARD_DATA_ROOTS": str(data_root),
+                                        "DRAFTYARD_MODEL_ROOTS": str(model_root)})
+    rows: list[dict] = []
+    rss = None
+    try:
+        stack.create()
+        stack.start_api()
+        worker = stack.start_worker("c1")
+        rss = TreeRss([stack.procs[0].pid, worker.pid]).start()
+        c = Client(stack.url, stack.token, timeout=600)
+        target = c.create_target("demo-target", str(model_root / "demo-target"))
+        m = RunMeasure(stack, c, rss)
+        for n in sizes:
+            f = data_root / f"prompts-{n}.jsonl"
+            f.write_text(prompts(n, a.seed))
+            ds = c.wait_dataset(c.add_dataset(f"prompts-{n}", str(f))["id"], timeout=600)
+            t0 = time.perf_counter()
+            new = m.run(body(target["id"], ds["id"], n, "offline"), n, "offline")
+            new += m.run(body(target["id"], ds["id"], n, "online"), n, "online")
+            for r in new:
+                prev = [x for x in rows if x["stage"] == r["stage"]]
+                if prev:
+                    r["k"] = k_between(prev[-1]["n"], prev[-1]["wall_s"], n, r["wall_s"])
+            rows += new
+            print(f"# N={fmt_n(n)}: both runs in {time.perf_counter() - t0:.0f} s", flush=True)
+            print_table(new)
+            print("# rows " + json.dumps(new, default=str), flush=True)
+    finally:
+        if rss is not None:
+            rss.stop()
+        stack.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(rows, sizes)
+
+
+def report(rows: list[dict], sizes: list[int]) -> None:
+    print(f"\nall sizes ({', '.join(map(fmt_n, sizes))}):")
+    print_table(rows)
+    out = []
+    for stage in dict.fromkeys(r["stage"] for r in rows):
+        pts = [(r["n"], r["wall_s"]) for r in rows if r["stage"] == stage]
+        k = k_fit(pts)
+        out.append({"bench": "scale_compute", "metric": f"{stage}_time_growth_k",
+                    "value": None if k is None else round(k, 3), "baseline": None,
+                    "ratio": None, "target": 1.1, "pass": k is not None and k <= 1.1})
+    for stage in ("generate", "extract"):
+        rs = [r for r in rows if r["stage"] == stage]
+        if len(rs) >= 2 and rs[0]["rss_mb"]:
+            g = rs[-1]["rss_mb"] / rs[0]["rss_mb"]
+            out.append({"bench": "scale_compute", "metric": f"{stage}_rss_growth",
+                        "value": round(rs[-1]["rss_mb"], 1), "baseline": round(rs[0]["rss_mb"], 1),
+                        "ratio": round(g, 3), "target": 1.25, "pass": g <= 1.25})
+    worst = max(r["events"] - (r["wall_s"] + 20) for r in rows) if rows else 0
+    out.append({"bench": "scale_compute", "metric": "events_per_job_over_bound",
+                "value": worst, "baseline": 0, "ratio": None, "target": 0, "pass": worst <= 0})
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
