@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml constraints-cpu.txt | sha1sum | cut -c1-10)
 
-.PHONY: install demo test test-profile test-all test-vllm vllm-install bench bench-scale services clean lint
+.PHONY: install demo test test-profile test-all test-vllm vllm-install bench bench-scale bench-scale-compute services clean lint
 
 install: $(STAMP)
 
@@ -87,7 +87,7 @@ test-vllm: install vllm-install
 # Each bench sets the torch threads it documents (extract and train: 1, so the baseline and
 # the job share one core the same way); bench/_*.py are helpers.
 bench: install services
-	@for b in bench/[!_]*.py; do [ $$b = bench/scale.py ] && continue; echo "== $$b"; \
+	@for b in bench/[!_]*.py; do case $$b in bench/scale.py|bench/scale_compute.py) continue;; esac; echo "== $$b"; \
 		$(PY) $$b || exit 1; done
 
 # The seeds' scale (issue 22): the data plane at N = 12.5K..800K through the API. Hours on a
@@ -95,6 +95,12 @@ bench: install services
 SIZES ?= 12500,50000,200000,800000
 bench-scale: install services
 	nice -n 10 $(PY) bench/scale.py --sizes $(SIZES)
+
+# The compute stages' growth on the demo target (generate .. evaluate at 1K, 4K, 16K records,
+# offline and online): about an hour on 2 cores; COMPUTE_SIZES=500,2000 for a quick look.
+COMPUTE_SIZES ?= 1000,4000,16000
+bench-scale-compute: install services
+	nice -n 10 $(PY) bench/scale_compute.py --sizes $(COMPUTE_SIZES)
 
 # Fails on a lint or type error (CI runs it before the tests: .ci/run). Config: pyproject.toml.
 lint: install
