@@ -104,7 +104,7 @@ def fmt_n(n: float) -> str:
 def print_table(rows: list[dict]) -> None:
     """rows: {"stage", "n", "wall_s", "records", "rss_mb", "bytes", "rows": {jobs, events,
     artifacts}, "k"}; k is the exponent from the previous size of the same stage."""
-    head = (f"{'stage':<12}{'N':>7}{'wall s':>9}{'rec/s':>10}{'peak RSS MB':>13}{'written MB':>12}"
+    head = (f"{'stage':<17}{'N':>7}{'wall s':>9}{'rec/s':>10}{'peak RSS MB':>13}{'written MB':>12}"
             f"{'jobs':>6}{'events':>8}{'artif':>7}{'k':>7}")
     print(head)
     print("-" * len(head))
@@ -112,6 +112,6 @@ def print_table(rows: list[dict]) -> None:
         k = "" if r.get("k") is None else f"{r['k']:.2f}"
         rate = r["records"] / r["wall_s"] if r["wall_s"] else 0
         db = r["rows"]
-        print(f"{r['stage']:<12}{fmt_n(r['n']):>7}{r['wall_s']:>9.2f}{rate:>10,.0f}"
+        print(f"{r['stage']:<17}{fmt_n(r['n']):>7}{r['wall_s']:>9.2f}{rate:>10,.0f}"
               f"{r['rss_mb']:>13.0f}{r['bytes'] / 1e6:>12.1f}{db['jobs']:>6}"
               f"{db['job_events']:>8}{db['artifacts']:>7}{k:>7}")
