@@ -152,11 +152,13 @@ class PlanServer:
     process, so a broken server costs time, never a plan."""
 
     START_TIMEOUT_S = 60.0
+    RETRY_AFTER_S = 300.0  # after a start that failed: fresh processes meanwhile
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._dir: Path | None = None
+        self._failed_at: float | None = None
 
     @property
     def socket_path(self) -> Path | None:
@@ -168,6 +170,9 @@ class PlanServer:
                     and self.socket_path.exists():
                 return self.socket_path
             self._stop()
+            if self._failed_at is not None and \
+                    time.monotonic() - self._failed_at < self.RETRY_AFTER_S:
+                return None  # a start that hangs must not cost every plan a minute
             # A short private folder: a Unix socket's path has to fit in 108 bytes.
             self._dir = Path(tempfile.mkdtemp(prefix="draftyard-plan-",
                                               dir="/tmp" if os.path.isdir("/tmp") else None))
@@ -180,8 +185,10 @@ class PlanServer:
             deadline = time.monotonic() + self.START_TIMEOUT_S
             while time.monotonic() < deadline and self._proc.poll() is None:
                 if path.exists():
+                    self._failed_at = None
                     return path
                 time.sleep(0.05)
+            self._failed_at = time.monotonic()
             log.warning("the plan server did not start (status %s); planning in fresh "
                         "processes", self._proc.poll())
             self._stop()

@@ -120,3 +120,30 @@ def test_a_plan_past_its_time_is_killed_and_the_server_goes_on(tmp_path):
         p.wait(10)
     assert not sock.exists() and not sock.parent.exists()  # it cleans up after itself
     assert "timed out" in p.stdout.read()
+
+
+def test_a_server_that_cannot_start_is_not_retried_on_every_plan(tmp_path, monkeypatch):
+    """A broken server start (here: an interpreter that exits at once) makes the API plan in
+    fresh processes, and it does not try again on the next plan, only after RETRY_AFTER_S."""
+    from types import SimpleNamespace
+
+    import app.plans.service as svc
+
+    starts = []
+    real_spawn = svc.spawn
+
+    def counting_spawn(cmd, **kw):
+        starts.append(cmd)
+        return real_spawn(["/bin/false", *cmd[1:]], **kw)
+
+    monkeypatch.setattr(svc, "spawn", counting_spawn)
+    (tmp_path / "plans").mkdir()
+    settings = SimpleNamespace(home=tmp_path)
+    ps = svc.PlanServer()
+    try:
+        assert ps.run(settings, tmp_path, 5) is None and len(starts) == 1
+        assert ps.run(settings, tmp_path, 5) is None and len(starts) == 1  # not again
+        monkeypatch.setattr(svc.PlanServer, "RETRY_AFTER_S", 0.0)
+        assert ps.run(settings, tmp_path, 5) is None and len(starts) == 2  # later, again
+    finally:
+        ps.stop()
