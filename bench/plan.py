@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench._common import emit, result  # noqa: E402
-from tests.service.stack import Stack  # noqa: E402
+from tests.service.stack import running  # noqa: E402
 
 
 def _records(n: int) -> str:
@@ -39,13 +39,10 @@ def _records(n: int) -> str:
 def measure(server: bool, models: Path, data: Path, plans: int) -> list[float]:
     from draftyard import Client
 
-    stack = Stack("planbench", 15, {"DRAFTYARD_DATA_ROOTS": str(data),
-                                    "DRAFTYARD_MODEL_ROOTS": str(models),
-                                    "DRAFTYARD_PLAN_SERVER": "true" if server else "false"})
-    try:
-        stack.create()
-        stack.start_api()
-        stack.start_worker("p1")
+    with running("planbench", 15, {"DRAFTYARD_DATA_ROOTS": str(data),
+                                   "DRAFTYARD_MODEL_ROOTS": str(models),
+                                   "DRAFTYARD_PLAN_SERVER": "true" if server else "false"},
+                 workers={"p1": None}) as stack:
         c = Client(stack.url, stack.token, timeout=600)
         tgt = c.create_target("tiny-qwen3", str(models / "tiny"))
         ds = c.wait_dataset(c.add_dataset("plan-bench", str(data / "chat.jsonl"))["id"], 300)
@@ -61,8 +58,6 @@ def measure(server: bool, models: Path, data: Path, plans: int) -> list[float]:
             walls.append(time.perf_counter() - t0)
             assert plan["checks"], plan
         return walls
-    finally:
-        stack.close()
 
 
 def main() -> None:

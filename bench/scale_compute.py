@@ -112,6 +112,25 @@ class RunMeasure:
         return [r for r in rows if not r["reused"]]
 
 
+def measure_size(c, m: RunMeasure, target_id: str, data_root: Path, n: int, seed: int,
+                 earlier: list[dict]) -> list[dict]:
+    """Both runs at N records: the new rows, k from the previous size's rows."""
+    f = data_root / f"prompts-{n}.jsonl"
+    f.write_text(prompts(n, seed))
+    ds = c.wait_dataset(c.add_dataset(f"prompts-{n}", str(f))["id"], timeout=600)
+    t0 = time.perf_counter()
+    new = m.run(body(target_id, ds["id"], n, "offline"), n, "offline")
+    new += m.run(body(target_id, ds["id"], n, "online"), n, "online")
+    for r in new:
+        prev = [x for x in earlier if x["stage"] == r["stage"]]
+        if prev:
+            r["k"] = k_between(prev[-1]["n"], prev[-1]["wall_s"], n, r["wall_s"])
+    print(f"# N={fmt_n(n)}: both runs in {time.perf_counter() - t0:.0f} s", flush=True)
+    print_table(new)
+    print("# rows " + json.dumps(new, default=str), flush=True)
+    return new
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1000,4000,16000")
@@ -120,7 +139,7 @@ def main() -> None:
     sizes = [int(float(x)) for x in a.sizes.split(",") if x]
 
     from draftyard import Client
-    from tests.service.stack import Stack
+    from tests.service.stack import running
     from workers.stages.demo_target import cached_demo_target
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -128,38 +147,22 @@ def main() -> None:
     data_root, model_root = tmp / "data", tmp / "models"
     data_root.mkdir(parents=True)
     shutil.copytree(cached_demo_target(), model_root / "demo-target")
-    stack = Stack("compute", REDIS_DB, {"DRAFTYARD_CPU_SLOTS": "2",
-                                        "DRAFTYARD_DATA_ROOTS": str(data_root),
-                                        "DRAFTYARD_MODEL_ROOTS": str(model_root)})
+    settings = {"DRAFTYARD_CPU_SLOTS": "2", "DRAFTYARD_DATA_ROOTS": str(data_root),
+                "DRAFTYARD_MODEL_ROOTS": str(model_root)}
     rows: list[dict] = []
-    rss = None
     try:
-        stack.create()
-        stack.start_api()
-        worker = stack.start_worker("c1")
-        rss = TreeRss([stack.procs[0].pid, worker.pid]).start()
-        c = Client(stack.url, stack.token, timeout=600)
-        target = c.create_target("demo-target", str(model_root / "demo-target"))
-        m = RunMeasure(stack, c, rss)
-        for n in sizes:
-            f = data_root / f"prompts-{n}.jsonl"
-            f.write_text(prompts(n, a.seed))
-            ds = c.wait_dataset(c.add_dataset(f"prompts-{n}", str(f))["id"], timeout=600)
-            t0 = time.perf_counter()
-            new = m.run(body(target["id"], ds["id"], n, "offline"), n, "offline")
-            new += m.run(body(target["id"], ds["id"], n, "online"), n, "online")
-            for r in new:
-                prev = [x for x in rows if x["stage"] == r["stage"]]
-                if prev:
-                    r["k"] = k_between(prev[-1]["n"], prev[-1]["wall_s"], n, r["wall_s"])
-            rows += new
-            print(f"# N={fmt_n(n)}: both runs in {time.perf_counter() - t0:.0f} s", flush=True)
-            print_table(new)
-            print("# rows " + json.dumps(new, default=str), flush=True)
+        with running("compute", REDIS_DB, settings, workers={"c1": None}) as stack:
+            api, worker = stack.procs
+            rss = TreeRss([api.pid, worker.pid]).start()
+            try:
+                c = Client(stack.url, stack.token, timeout=600)
+                target = c.create_target("demo-target", str(model_root / "demo-target"))
+                m = RunMeasure(stack, c, rss)
+                for n in sizes:
+                    rows += measure_size(c, m, target["id"], data_root, n, a.seed, rows)
+            finally:
+                rss.stop()
     finally:
-        if rss is not None:
-            rss.stop()
-        stack.close()
         shutil.rmtree(tmp, ignore_errors=True)
     report(rows, sizes)
 

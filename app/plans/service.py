@@ -125,14 +125,17 @@ def _plan_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
 
 
+def _timed_out() -> Unavailable:
+    return Unavailable(f"the plan took longer than {PLAN_TIMEOUT_S} s", code="plan_timeout")
+
+
 def _plan_process(s, work: Path) -> tuple[int, str]:
     """Run the plan of `work/spec.json`: (exit status, its stderr). Warm when it can be."""
     if s.plan_server:
         answer = PLAN_SERVER.run(s, work, PLAN_TIMEOUT_S)
         if answer is not None:
             if answer.get("timed_out"):
-                raise Unavailable(f"the plan took longer than {PLAN_TIMEOUT_S} s",
-                                  code="plan_timeout")
+                raise _timed_out()
             err = work / "stderr.txt"
             return int(answer["rc"]), err.read_text(errors="replace") if err.exists() else ""
     try:
@@ -140,8 +143,7 @@ def _plan_process(s, work: Path) -> tuple[int, str]:
                                str(work / "spec.json")], capture_output=True, text=True,
                               timeout=PLAN_TIMEOUT_S, env=_plan_env(), cwd=str(work))
     except subprocess.TimeoutExpired as e:
-        raise Unavailable(f"the plan took longer than {PLAN_TIMEOUT_S} s",
-                          code="plan_timeout") from e
+        raise _timed_out() from e
     return proc.returncode, proc.stderr or ""
 
 

@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from procgroup import fork_child
+from procgroup import fork_child, signal_group
 
 
 def warm() -> None:
@@ -58,7 +58,6 @@ def _child(sock: socket.socket, listener: socket.socket, req: dict) -> None:
     try:
         listener.close()
         sock.close()
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         cwd = Path(req["cwd"])
         os.chdir(cwd)
         for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
@@ -118,8 +117,7 @@ class Server:
             self.reap()
             self.expire()
         for pid, (conn, *_) in self.running.items():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
             conn.close()
         with contextlib.suppress(OSError):
             self.path.unlink()
@@ -167,8 +165,7 @@ class Server:
         now = time.monotonic()
         for pid, (_conn, deadline, *_) in list(self.running.items()):
             if now > deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
+                signal_group(pid, signal.SIGKILL)
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
                 self._answer(pid, -signal.SIGKILL, timed_out=True)

@@ -19,11 +19,11 @@ from the deployment."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from contracts.jobtypes import NEEDS_TARGET_WEIGHTS
 from contracts.target import has_weights, text_config
+from workers.stages.prepare import usable_cores  # what prepare's own pool defaults to
 
 DEFAULT_RATES: dict[str, Any] = {
     "gpu": "H100/H200-class, bf16 dense",
@@ -89,11 +89,7 @@ def prepare_rate(params: dict, rates: dict) -> tuple[float, str]:
     elif rates["prepare_cores"]:
         cores, whose = int(rates["prepare_cores"]), "prepare_cores"
     else:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cores = os.cpu_count() or 1
-        whose = "this server's; set prepare_cores for the CPU nodes"
+        cores, whose = usable_cores(), "this server's; set prepare_cores for the CPU nodes"
     per_core = float(rates["prepare_tokens_per_s_per_core"])
     return per_core * cores, f"{per_core:,.0f} per core x {cores} cores, {whose}"
 

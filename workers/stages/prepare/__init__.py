@@ -68,7 +68,8 @@ ARTIFACT = "tokenized"
 REJECTS_FILE = "rejects.jsonl"
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on (prepare's pool size when num_workers is unset)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
@@ -173,7 +174,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
     total = count_records(dataset["path"])
     if params.max_samples is not None:
         total = min(total, params.max_samples)
-    workers = max(1, min(params.num_workers or _usable_cores(),
+    workers = max(1, min(params.num_workers or usable_cores(),
                          -(-total // params.records_per_task) or 1))
 
     folder = Path(ctx.out_dir) / ARTIFACT
