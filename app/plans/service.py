@@ -210,9 +210,32 @@ class PlanServer:
             self._stop()
 
     def run(self, s, work: Path, timeout_s: float) -> dict | None:
-        path = self._ensure(s)
-        if path is None:
-            return None
+        for _ in range(2):  # a server that died just before this plan: once more on a new one
+            path = self._ensure(s)
+            if path is None:
+                return None
+            answer = self._ask(path, work, timeout_s)
+            if answer is not None:
+                return answer
+            if not self._died():
+                break
+        log.warning("the plan server gave no answer; planning in a fresh process")
+        return None
+
+    def _died(self) -> bool:
+        """Has the server exited? A killed process can take a moment to become reapable
+        (its threads exit one by one), so wait briefly for it."""
+        with self._lock:
+            if self._proc is None:
+                return True
+            try:
+                self._proc.wait(timeout=2)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+
+    @staticmethod
+    def _ask(path: Path, work: Path, timeout_s: float) -> dict | None:
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
                 c.settimeout(timeout_s + 30)
@@ -223,12 +246,8 @@ class PlanServer:
                     line = f.readline()
             answer = json.loads(line) if line else None
         except (OSError, ValueError):
-            answer = None
-        if not isinstance(answer, dict) or "rc" not in answer:
-            log.warning("the plan server gave no answer (%r); planning in a fresh process",
-                        answer)
             return None
-        return answer
+        return answer if isinstance(answer, dict) and "rc" in answer else None
 
 
 PLAN_SERVER = PlanServer()
