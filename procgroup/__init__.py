@@ -96,7 +96,7 @@ def spawn(cmd: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | P
 
 
 def fork_child(death_signal: int = signal.SIGKILL) -> int:
-    """`os.fork()` the one way a warm server starts a child (workers/stages/plan_server.py):
+    """`os.fork()` the one way a warm server starts a child (workers/stages/starter.py):
     the child in a process group of its own (stopping it reaches what it started), with
     `death_signal` when the forking process dies (call it from a single-threaded server: the
     signal is tied to the forking thread). 0 in the child, the child's pid in the parent."""
@@ -110,6 +110,56 @@ def fork_child(death_signal: int = signal.SIGKILL) -> int:
     with contextlib.suppress(OSError):  # both sides, so no signal finds the group unmade
         os.setpgid(pid, pid)
     return pid
+
+
+# --- a forked child's tag (a warm starter's children, workers/stages/starter.py) ------------
+#
+# /proc/<pid>/environ shows the environment block a process was exec'd with, and a forked
+# child keeps its parent's: setting os.environ in the child changes what it passes on, not what
+# the scan above reads. So a warm starter is exec'd with the tag set to TAG_SLOT, a placeholder
+# as long as any tag, and each child writes its attempt's tag into that slot of its own copy of
+# the block (/proc/self/mem, the way setproctitle rewrites argv): from then on the child is
+# found by the same scan as every other process of its attempt.
+
+TAG_SLOT = "unassigned" + "." * 246
+
+
+def _env_block() -> tuple[int, int] | None:
+    """Start and end address of this process's exec-time environment block (stat fields 50
+    and 51, Linux >= 3.5), or None."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[47]), int(fields[48])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def retag(value: str, name: str = TAG_ENV) -> bool:
+    """Write `value` into this process's exec-time slot of `name` (NUL-padded, so the rest
+    of the slot reads as nothing); True when /proc/self/environ now says name=value. False
+    (and nothing changed) without a slot long enough, or without /proc/self/mem."""
+    block = _env_block()
+    if block is None:
+        return False
+    start, end = block
+    key = f"{name}=".encode()
+    want = value.encode()
+    try:
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            raw = mem.read(end - start)
+            at = 0 if raw.startswith(key) else raw.find(b"\0" + key) + 1
+            if at <= 0 and not raw.startswith(key):
+                return False
+            at += len(key)
+            cap = raw.index(b"\0", at) - at
+            if b"\0" in want or len(want) > cap:
+                return False
+            mem.seek(start + at)
+            mem.write(want + b"\0" * (cap - len(want)))
+    except (OSError, ValueError):
+        return False
+    return (_environ("self") or {}).get(name) == value
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -320,16 +370,21 @@ class Attempt:
     def __init__(self, deployment: str, job_id: str, attempt: int | None):
         self.tag = attempt_tag(deployment, job_id, attempt)
         self.job = job_tag(deployment, job_id)
-        self.proc: subprocess.Popen | None = None
+        self.proc: Any = None  # a Popen, or a procgroup.warm.WarmChild
         self.stale: list[int] = []  # what start killed of earlier attempts
 
     def start(self, cmd: Sequence[str], *, env: dict[str, str], cwd: str | Path | None = None,
-              log: Path | None = None) -> subprocess.Popen:
+              log: Path | None = None,
+              warm: Callable[[dict[str, str]], Any] | None = None) -> Any:
+        """Start the stage: `warm(env)` first when given (a warm starter's child, or None
+        when it cannot), else `cmd` in a fresh process. Either carries the attempt's tag."""
         self.stale = kill_tagged(self.job)
         env = {**env, TAG_ENV: self.tag, PARENT_ENV: str(os.getpid())}
-        # No death signal: it would be tied to the calling thread (a worker's pool thread);
-        # watch_parent ties the stage to this process instead.
-        self.proc = spawn(cmd, env=env, cwd=cwd, log=log, death_signal=None)
+        self.proc = warm(env) if warm is not None else None
+        if self.proc is None:
+            # No death signal: it would be tied to the calling thread (a worker's pool
+            # thread); watch_parent ties the stage to this process instead.
+            self.proc = spawn(cmd, env=env, cwd=cwd, log=log, death_signal=None)
         return self.proc
 
     def sweep(self) -> list[int]:

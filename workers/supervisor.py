@@ -17,6 +17,7 @@ of the same job left."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -38,8 +39,10 @@ from app.jobs.service import add_event
 from app.models import Job
 from app.scheduler.reaper import give_up_s
 from app.jobs.states import JobStatus as S
-from procgroup import Attempt, signal_group
+from procgroup import PARENT_ENV, TAG_ENV, TAG_SLOT, Attempt, signal_group
+from procgroup.warm import WarmChild, WarmStarter
 from workers.attempt import Attempt as JobAttempt
+from workers.stages.starter import MODEL_STAGES
 
 log = logging.getLogger("draftyard.supervisor")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +57,28 @@ BACKOFF_MAX_S = 2.0  # retry the DB at least this often during an outage: recove
 PROGRESS_EVENT_S = 1.0
 PROGRESS_EVENTS = 300
 RATE_WINDOW_S = 30.0
+
+
+def _starter_env() -> dict[str, str]:
+    """The model starter's environment: this worker's, with the stage's defaults, the tag's
+    placeholder (each child writes its attempt's tag there, procgroup.retag), this process
+    as the parent its children belong to (workers/node.kill_orphans), and CUDA checked by
+    NVML, not the runtime, if an import asks: a CUDA runtime started before a fork is
+    unusable in the child (each child replaces this environment with its own)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
+    env.update({"PYTHONUNBUFFERED": "1", TAG_ENV: TAG_SLOT, PARENT_ENV: str(os.getpid()),
+                "PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
+    return env
+
+
+# This worker process's warm starter for model stages, started with the first one; gone with
+# this process (it watches it).
+STAGE_SERVER = WarmStarter("stages", [sys.executable, "-m", "workers.stages.starter",
+                                      "--profile", "model"], env=_starter_env,
+                           log_path=lambda: get_settings().home / "workers" / "starter.log",
+                           cwd=REPO_ROOT)
+atexit.register(STAGE_SERVER.stop)
 
 
 class GaveUp(RuntimeError):
@@ -135,7 +160,7 @@ class Supervisor:
         self.error: dict | None = None
         self.result: dict | None = None
         self.artifacts: list[dict] = []
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | WarmChild | None = None
         self.processes = Attempt(str(self.settings.home), att.job_id, att.number)
 
     # -- child process --------------------------------------------------------------------
@@ -151,18 +176,27 @@ class Supervisor:
             logf.write(f"--- {utcnow().isoformat()} stage {self.type} starting "
                        f"(CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})\n".encode())
         # The stage dies with this process, and so does everything it starts (procgroup);
-        # leftovers of an earlier attempt of this job are killed first.
+        # leftovers of an earlier attempt of this job are killed first. A model stage is
+        # forked by this worker's warm starter when it can be (workers/stages/starter.py).
+        warm = None
+        if self.type in MODEL_STAGES and self.settings.stage_server:
+            def warm(env: dict[str, str]) -> WarmChild | None:
+                return STAGE_SERVER.start({"stage": self.type, "spec": str(self.spec_path),
+                                           "cwd": str(self.job_dir), "log": str(log_path),
+                                           "env": env, "tag": env[TAG_ENV]})
         self.proc = self.processes.start(
             [sys.executable, "-m", "workers.stages", self.type, "--spec", str(self.spec_path)],
-            env=env, cwd=self.job_dir, log=log_path)
+            env=env, cwd=self.job_dir, log=log_path, warm=warm)
         if self.processes.stale:
             log.warning("job %s: killed %d process(es) an earlier attempt left: %s",
                         self.job_id, len(self.processes.stale), self.processes.stale)
 
+        how = " (forked warm)" if isinstance(self.proc, WarmChild) else ""
+
         def _started():
             with unit_of_work() as s:
                 add_event(s, self.job_id, "log",
-                          {"message": f"stage started, pid {self.proc.pid}"})
+                          {"message": f"stage started{how}, pid {self.proc.pid}"})
         retrying(_started, f"job {self.job_id}: start event", give_up_s())
 
     def _signal_group(self, sig: int) -> None:

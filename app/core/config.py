@@ -28,10 +28,15 @@ class Settings(BaseSettings):
     max_body_bytes: int = 8 * 1024**2
     # Plans run a child process of up to 120 s each: a few at once per API instance.
     max_concurrent_plans: int = 2
-    # Plans are forked by a warm plan server (workers/stages/plan_server.py) that has the
+    # Plans are forked by a warm plan server (workers/stages/starter.py) that has the
     # stage core imported already (a plan in ~0.5 CPU-s instead of ~3); false: a fresh
     # process per plan.
     plan_server: bool = True
+    # A worker forks its model stages (generate, extract, train, evaluate) from a warm
+    # starter (workers/stages/starter.py) that has torch, transformers and speculators
+    # imported already, instead of a fresh process each paying ~5 CPU-s of imports; false: a
+    # fresh process per stage.
+    stage_server: bool = True
     # The per-GPU rates behind the plan's time estimates, as a JSON object overriding any of
     # workers/stages/plan_time.py DEFAULT_RATES (e.g. {"decode_tokens_per_s_per_gpu": 2400}
     # measured for the target on this hardware). Issue 22.

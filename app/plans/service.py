@@ -3,7 +3,7 @@
 The checks need the tokenizer and the chat template, which live in the stage core, so the
 API runs the `plan` stage as a short child process rather than importing it (app/ never
 imports torch, transformers or workers/): forked by a warm plan server
-(workers/stages/plan_server.py, one per API process, started with the first plan) that has
+(workers/stages/starter.py, one per API process, started with the first plan) that has
 the stage core imported already, or, when that server cannot be reached or is turned off
 (DRAFTYARD_PLAN_SERVER=false), a fresh `python -m workers.stages plan`. Both run the same
 code on the same spec and leave the same events."""
@@ -17,12 +17,8 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,7 +33,7 @@ from app.plans.nodes import gpu_node_warnings
 from app.plans.params import name_params
 from contracts.run import RunSpec
 from contracts.spec import StageSpec
-from procgroup import spawn
+from procgroup.warm import WarmStarter
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PLAN_TIMEOUT_S = 120
@@ -132,12 +128,15 @@ def _timed_out() -> Unavailable:
 def _plan_process(s, work: Path) -> tuple[int, str]:
     """Run the plan of `work/spec.json`: (exit status, its stderr). Warm when it can be."""
     if s.plan_server:
-        answer = PLAN_SERVER.run(s, work, PLAN_TIMEOUT_S)
-        if answer is not None:
-            if answer.get("timed_out"):
+        child = PLAN_SERVER.start({"stage": "plan", "spec": str(work / "spec.json"),
+                                   "cwd": str(work), "timeout_s": PLAN_TIMEOUT_S})
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(PLAN_TIMEOUT_S + 30)  # the server kills it at PLAN_TIMEOUT_S
+            if child.timed_out or child.returncode is None:
                 raise _timed_out()
             err = work / "stderr.txt"
-            return int(answer["rc"]), err.read_text(errors="replace") if err.exists() else ""
+            return child.returncode, err.read_text(errors="replace") if err.exists() else ""
     try:
         proc = subprocess.run([sys.executable, "-m", "workers.stages", "plan", "--spec",
                                str(work / "spec.json")], capture_output=True, text=True,
@@ -147,110 +146,12 @@ def _plan_process(s, work: Path) -> tuple[int, str]:
     return proc.returncode, proc.stderr or ""
 
 
-class PlanServer:
-    """This API process's warm plan server (workers/stages/plan_server.py): started with the
-    first plan, restarted when it has died, gone with this process (it watches its parent).
-    `run` returns None when the server cannot be reached; the caller then plans in a fresh
-    process, so a broken server costs time, never a plan."""
-
-    START_TIMEOUT_S = 60.0
-    RETRY_AFTER_S = 300.0  # after a start that failed: fresh processes meanwhile
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen | None = None
-        self._dir: Path | None = None
-        self._failed_at: float | None = None
-
-    @property
-    def socket_path(self) -> Path | None:
-        return None if self._dir is None else self._dir / "plan.sock"
-
-    def _ensure(self, s) -> Path | None:
-        with self._lock:
-            if self._proc is not None and self._proc.poll() is None and self.socket_path \
-                    and self.socket_path.exists():
-                return self.socket_path
-            self._stop()
-            if self._failed_at is not None and \
-                    time.monotonic() - self._failed_at < self.RETRY_AFTER_S:
-                return None  # a start that hangs must not cost every plan a minute
-            # A short private folder: a Unix socket's path has to fit in 108 bytes.
-            self._dir = Path(tempfile.mkdtemp(prefix="draftyard-plan-",
-                                              dir="/tmp" if os.path.isdir("/tmp") else None))
-            path = self.socket_path
-            assert path is not None
-            self._proc = spawn([sys.executable, "-m", "workers.stages.plan_server", "--socket",
-                                str(path)], env=_plan_env(), cwd=REPO_ROOT,
-                               log=s.home / "plans" / "server.log",
-                               death_signal=None)  # it watches this process instead
-            deadline = time.monotonic() + self.START_TIMEOUT_S
-            while time.monotonic() < deadline and self._proc.poll() is None:
-                if path.exists():
-                    self._failed_at = None
-                    return path
-                time.sleep(0.05)
-            self._failed_at = time.monotonic()
-            log.warning("the plan server did not start (status %s); planning in fresh "
-                        "processes", self._proc.poll())
-            self._stop()
-            return None
-
-    def _stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(5)
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-        self._proc = self._dir = None
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stop()
-
-    def run(self, s, work: Path, timeout_s: float) -> dict | None:
-        for _ in range(2):  # a server that died just before this plan: once more on a new one
-            path = self._ensure(s)
-            if path is None:
-                return None
-            answer = self._ask(path, work, timeout_s)
-            if answer is not None:
-                return answer
-            if not self._died():
-                break
-        log.warning("the plan server gave no answer; planning in a fresh process")
-        return None
-
-    def _died(self) -> bool:
-        """Has the server exited? A killed process can take a moment to become reapable
-        (its threads exit one by one), so wait briefly for it."""
-        with self._lock:
-            if self._proc is None:
-                return True
-            try:
-                self._proc.wait(timeout=2)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
-
-    @staticmethod
-    def _ask(path: Path, work: Path, timeout_s: float) -> dict | None:
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
-                c.settimeout(timeout_s + 30)
-                c.connect(str(path))
-                c.sendall(json.dumps({"spec": str(work / "spec.json"), "cwd": str(work),
-                                      "timeout_s": timeout_s}).encode() + b"\n")
-                with c.makefile("rb") as f:
-                    line = f.readline()
-            answer = json.loads(line) if line else None
-        except (OSError, ValueError):
-            return None
-        return answer if isinstance(answer, dict) and "rc" in answer else None
-
-
-PLAN_SERVER = PlanServer()
+# This API process's warm plan server (workers/stages/starter.py, profile `plan`): started
+# with the first plan, restarted when it has died, gone with this process (it watches it).
+PLAN_SERVER = WarmStarter("plan", [sys.executable, "-m", "workers.stages.starter",
+                                   "--profile", "plan"], env=_plan_env,
+                          log_path=lambda: get_settings().home / "plans" / "server.log",
+                          cwd=REPO_ROOT)
 atexit.register(PLAN_SERVER.stop)
 
 

@@ -1,4 +1,4 @@
-"""The API's warm plan server (workers/stages/plan_server.py): plans are forked from a
+"""The API's warm plan server (workers/stages/starter.py): plans are forked from a
 process that has the stage core imported, one child per plan; a dead server is replaced and
 costs no plan; a plan that runs past its time is killed with what it started."""
 
@@ -54,7 +54,7 @@ def _gone(pid: int) -> bool:
 def _plan_servers(api_port: str) -> list[int]:
     """The plan servers whose parent is this session's API process."""
     return [int(d) for d in os.listdir("/proc") if d.isdigit()
-            and "workers.stages.plan_server" in _cmdline(d)
+            and "workers.stages.starter --profile plan" in _cmdline(d)
             and f"--port {api_port} " in _cmdline(_ppid(d)) + " "]
 
 
@@ -93,18 +93,27 @@ def test_a_plan_past_its_time_is_killed_and_the_server_goes_on(tmp_path):
     sock = tmp_path / "s" / "plan.sock"
     sock.parent.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    p = subprocess.Popen([sys.executable, "-m", "workers.stages.plan_server", "--socket",
-                          str(sock)], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-m", "workers.stages.starter", "--profile", "plan",
+                          "--socket", str(sock)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                         text=True)
     try:
         wait_for(sock.exists, 60, 0.05, "the plan server to listen")
 
-        def ask(spec: Path, timeout_s: float) -> dict:
+        def ask(spec: Path, timeout_s: float, stage: str = "plan") -> dict:
             with socket.socket(socket.AF_UNIX) as c:
                 c.settimeout(30)
                 c.connect(str(sock))
-                c.sendall(json.dumps({"spec": str(spec), "cwd": str(tmp_path),
+                c.sendall(json.dumps({"stage": stage, "spec": str(spec), "cwd": str(tmp_path),
                                       "timeout_s": timeout_s}).encode() + b"\n")
-                return json.loads(c.makefile("rb").readline())
+                f = c.makefile("rb")
+                first = json.loads(f.readline())
+                if "pid" not in first:
+                    return first
+                assert isinstance(first["pid"], int)
+                return json.loads(f.readline())
+
+        # It starts only what its profile allows: a plan server runs no train.
+        assert "not 'train'" in ask(tmp_path / "x.json", 5, stage="train")["error"]
 
         fifo = tmp_path / "spec.json"
         os.mkfifo(fifo)
@@ -123,27 +132,26 @@ def test_a_plan_past_its_time_is_killed_and_the_server_goes_on(tmp_path):
 
 
 def test_a_server_that_cannot_start_is_not_retried_on_every_plan(tmp_path, monkeypatch):
-    """A broken server start (here: an interpreter that exits at once) makes the API plan in
-    fresh processes, and it does not try again on the next plan, only after RETRY_AFTER_S."""
-    from types import SimpleNamespace
-
-    import app.plans.service as svc
+    """A broken server start (here: a program that exits at once) makes the caller start
+    fresh processes, and it does not try again on the next request, only after
+    RETRY_AFTER_S."""
+    import procgroup.warm as warm
 
     starts = []
-    real_spawn = svc.spawn
+    real_spawn = warm.spawn
 
     def counting_spawn(cmd, **kw):
         starts.append(cmd)
-        return real_spawn(["/bin/false", *cmd[1:]], **kw)
+        return real_spawn(cmd, **kw)
 
-    monkeypatch.setattr(svc, "spawn", counting_spawn)
-    (tmp_path / "plans").mkdir()
-    settings = SimpleNamespace(home=tmp_path)
-    ps = svc.PlanServer()
+    monkeypatch.setattr(warm, "spawn", counting_spawn)
+    ps = warm.WarmStarter("plan", ["/bin/false"], env=lambda: dict(os.environ),
+                          log_path=lambda: tmp_path / "server.log")
+    req = {"stage": "plan", "spec": str(tmp_path / "spec.json"), "cwd": str(tmp_path)}
     try:
-        assert ps.run(settings, tmp_path, 5) is None and len(starts) == 1
-        assert ps.run(settings, tmp_path, 5) is None and len(starts) == 1  # not again
-        monkeypatch.setattr(svc.PlanServer, "RETRY_AFTER_S", 0.0)
-        assert ps.run(settings, tmp_path, 5) is None and len(starts) == 2  # later, again
+        assert ps.start(req) is None and len(starts) == 1
+        assert ps.start(req) is None and len(starts) == 1  # not again
+        monkeypatch.setattr(warm.WarmStarter, "RETRY_AFTER_S", 0.0)
+        assert ps.start(req) is None and len(starts) == 2  # later, again
     finally:
         ps.stop()

@@ -35,8 +35,17 @@ from pathlib import Path
 from procgroup import Attempt
 deployment, job, attempt, spec = sys.argv[1:5]
 a = Attempt(deployment, job, int(attempt))
+log = Path(spec).parent / f"stage-{attempt}.log"
+warm = None
+if sys.argv[5] == "warm":  # forked by this worker's warm starter, as Supervisor.start does
+    from workers.supervisor import STAGE_SERVER
+
+    def warm(env):
+        return STAGE_SERVER.start({"stage": "train", "spec": spec, "cwd": str(Path(spec).parent),
+                                   "log": str(log), "env": env, "tag": a.tag})
 p = a.start([sys.executable, "-m", "workers.stages", "train", "--spec", spec],
-            env=dict(os.environ), log=Path(spec).parent / f"stage-{attempt}.log")
+            env=dict(os.environ), log=log, warm=warm)
+assert (warm is None) == (type(p).__name__ == "Popen"), type(p)
 print(p.pid, flush=True)
 p.wait()
 a.sweep()
@@ -67,12 +76,13 @@ def _sid(pid: int) -> int | None:
         return None
 
 
-def start_worker(spec_path: Path, attempt: int) -> tuple[subprocess.Popen, int]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
+def start_worker(spec_path: Path, attempt: int,
+                 start: str = "fresh") -> tuple[subprocess.Popen, int]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DRAFTYARD_HOME": str(spec_path.parent),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     w = subprocess.Popen([sys.executable, "-c", WORKER, DEPLOYMENT, JOB, str(attempt),
-                          str(spec_path)], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                          str(spec_path), start], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                         text=True, start_new_session=True)
     return w, int(w.stdout.readline())
 
 
@@ -110,11 +120,15 @@ def _sample_until_empty(t_kill: float, window_s: float = 5.0) -> list[tuple[floa
 # test_train_resume's DDP test: `make test-all`. The mechanisms themselves (the tag sweep,
 # the ranks' death signal) are checked in seconds by tests/test_procgroup.py in `make test`.
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, kill", [("offline", "stage_group"), ("online", "stage_group"),
-                                        ("offline", "worker_group"), ("online", "worker_group")])
+@pytest.mark.parametrize("mode, kill, start", [
+    ("offline", "stage_group", "fresh"), ("online", "stage_group", "fresh"),
+    ("offline", "worker_group", "fresh"), ("online", "worker_group", "fresh"),
+    # Forked by the worker's warm starter (workers/stages/starter.py): the stage is the
+    # server's child, in a session of neither the worker nor the server.
+    ("offline", "stage_group", "warm"), ("online", "worker_group", "warm")])
 @pytest.mark.timeout(1200)  # two attempts of two training ranks; minutes on a loaded box
 def test_sigkill_mid_train_leaves_no_process_and_only_the_retry_writes(train_data, tmp_path,
-                                                                       mode, kill):
+                                                                       mode, kill, start):
     target, tok, hs = train_data
     params = ts.dflash_params(max_steps=16, checkpoint_every=2, log_every=1, nproc=2)
     if mode == "online":  # hidden states from the HF target inside each rank
@@ -124,7 +138,7 @@ def test_sigkill_mid_train_leaves_no_process_and_only_the_retry_writes(train_dat
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
 
-    worker, stage = start_worker(spec_path, 1)
+    worker, stage = start_worker(spec_path, 1, start)
     samples: list[tuple[float, int]] = []
     try:
         _wait_step(spec, 3)
@@ -154,7 +168,7 @@ def test_sigkill_mid_train_leaves_no_process_and_only_the_retry_writes(train_dat
     assert folder_state(spec) == before
 
     # The retry: only its processes run, it resumes from a checkpoint and finishes.
-    worker, stage = start_worker(spec_path, 2)
+    worker, stage = start_worker(spec_path, 2, start)
     seen: set[str] = set()
     while worker.poll() is None:
         seen |= set(job_processes().values())

@@ -30,13 +30,16 @@ def _sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, watch: bool = True) -> int:
+    """`watch`: die with the supervising worker (procgroup.watch_parent); a warm starter's
+    child (workers/stages/starter.py) is tied to its server instead."""
     ap = argparse.ArgumentParser(prog="python -m workers.stages")
     ap.add_argument("type", choices=STAGES)
     ap.add_argument("--spec", required=True, help="path to the job's spec.json")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm)
-    watch_parent()
+    if watch:
+        watch_parent()
 
     try:
         spec = StageSpec.model_validate(read_spec(args.spec)).model_dump(mode="json")

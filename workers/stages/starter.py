@@ -1,0 +1,273 @@
+"""A warm starter: `python -m workers.stages.starter --profile plan|model --socket PATH`.
+
+A stage process spends most of a short job importing: a fresh `python -m workers.stages
+train` imports torch, transformers and speculators (about 5 CPU-seconds on a quiet core here,
+more on a busy one) before it reads a byte, and a whole run starts five to eight of them; a
+plan imports transformers' tokenizer classes, jinja2 and the stage core (~2.5 CPU-s) for
+every run submitted. This server imports a profile's modules once and then forks one child
+per request. Each stage or plan still runs in a process of its own that exits when it is
+done (a crash, a hang or a memory blow-up is that child's), from the server's clean state:
+the server itself never runs a stage, so nothing one child loads or caches is seen by the
+next. Profiles:
+- `plan` (the API's, app/plans/service.py): the plan's tokenizer and template core.
+- `model` (each worker's, workers/supervisor.py): torch, transformers and speculators, for
+  the stages that load a model (MODEL_STAGES). The data stages (ingest, mix, split, prepare)
+  keep fresh processes: they import little, and their memory bounds (memory.py) are for a
+  process without a model library in it.
+
+A stage child is the process `python -m workers.stages <type>` would be: the request's
+environment replaces the server's (CUDA_VISIBLE_DEVICES is read when CUDA starts, never
+before: the server does not touch CUDA), its log gets stdout and stderr, and it carries its
+attempt's tag where the scan of procgroup looks for it (procgroup.retag: the server is
+started with the tag's placeholder). A server that cannot tag declines tagged requests and
+the supervisor starts a fresh process instead.
+
+The protocol is procgroup/warm.py's. The server is single-threaded (a select loop), so forking
+it is safe, and each child gets a death signal tied to it (procgroup.fork_child). It exits
+when the process that started it is gone (its parent pid changes) or on SIGTERM, and first
+kills its children with everything of their attempts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from procgroup import TAG_ENV, TAG_SLOT, fork_child, kill_tagged, retag, signal_group
+
+MODEL_STAGES = frozenset({"generate", "extract", "train", "evaluate"})
+PROFILES = {"plan": frozenset({"plan"}), "model": MODEL_STAGES}
+
+
+def warm(profile: str) -> None:
+    """Import what the profile's children import, without loading a model or a tokenizer."""
+    import jinja2  # noqa: F401
+    import transformers
+
+    import workers.stages.__main__
+
+    if profile == "plan":
+        import workers.stages.plan
+
+        for name in ("PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer"):
+            getattr(transformers, name, None)
+        return
+    import torch  # noqa: F401
+    from speculators.model import SpeculatorModel  # noqa: F401
+    from speculators.models.eagle3.data import shift_batch  # noqa: F401
+    from speculators.train.cli import create_transformer_layer_config  # noqa: F401
+    from transformers import (  # noqa: F401
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        DynamicCache,
+        GenerationConfig,
+    )
+
+    import workers.stages.evaluate
+    import workers.stages.extract
+    import workers.stages.generate
+    import workers.stages.train  # noqa: F401
+
+    for name in ("PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer",
+                 "Qwen3ForCausalLM", "Qwen3Config"):
+        getattr(transformers, name, None)
+
+
+def _redirect(fd: int, path: Path, append: bool) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    f = os.open(path, flags, 0o600)
+    os.dup2(f, fd)
+    os.close(f)
+
+
+def _child(sock: socket.socket, listener: socket.socket, req: dict) -> None:
+    """In the forked child: become the process `python -m workers.stages <stage>` would be,
+    and never return."""
+    rc = 1
+    try:
+        listener.close()
+        sock.close()
+        if req.get("tag") and not retag(req["tag"]):
+            os._exit(3)  # cannot happen: the server checked its slot before forking
+        cwd = Path(req["cwd"])
+        os.chdir(cwd)
+        if req.get("log"):
+            _redirect(1, Path(req["log"]), append=True)
+            os.dup2(1, 2)
+        else:
+            _redirect(1, cwd / "stdout.txt", append=False)
+            _redirect(2, cwd / "stderr.txt", append=False)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        # Unbuffered, like PYTHONUNBUFFERED=1 in a fresh stage: its log is read while it runs.
+        sys.stdout = io.TextIOWrapper(open(1, "wb", buffering=0, closefd=False),  # noqa: SIM115
+                                      write_through=True)
+        sys.stderr = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False),  # noqa: SIM115
+                                      write_through=True)
+        if isinstance(req.get("env"), dict):
+            os.environ.clear()
+            os.environ.update({str(k): str(v) for k, v in req["env"].items()})
+        tempfile.tempdir = None  # gettempdir() reads TMPDIR again (the attempt's scratch)
+        from workers.stages.__main__ import main
+
+        # No parent watch: the death signal ties this child to the server, which watches the
+        # worker (a fresh stage watches its worker itself).
+        rc = main([req["stage"], "--spec", str(req["spec"])], watch=False)
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001  the child's crash is its own, reported by rc
+        import traceback
+
+        traceback.print_exc()
+        rc = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(rc)
+
+
+class Server:
+    def __init__(self, path: Path, parent: int, profile: str):
+        self.path = path
+        self.parent = parent
+        self.stages = PROFILES[profile]
+        self.sel = selectors.DefaultSelector()
+        # pid -> (conn, deadline or None, started, what, tag)
+        self.running: dict[int, tuple[socket.socket, float | None, float, str, str]] = {}
+        self.stopping = False
+        # The tag's slot in this process's environment block (procgroup.retag): a child
+        # writes its tag there; without one, tagged requests are declined.
+        self.can_tag = os.environ.get(TAG_ENV) == TAG_SLOT and retag(TAG_SLOT)
+
+    def listen(self) -> socket.socket:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # left by a server whose parent died
+        lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        lst.bind(str(tmp))
+        os.chmod(tmp, 0o600)
+        lst.listen(16)
+        lst.setblocking(False)
+        os.replace(tmp, self.path)  # appears whole: bound, private, listening
+        self.sel.register(lst, selectors.EVENT_READ)
+        return lst
+
+    def serve(self) -> None:
+        lst = self.listen()  # the socket's existence is the starter's sign that we are ready
+        while not self.stopping and os.getppid() == self.parent:
+            if self.sel.select(timeout=0.2):
+                with contextlib.suppress(OSError):
+                    conn, _addr = lst.accept()
+                    self.start(conn, lst)
+            self.reap()
+            self.expire()
+        for pid, (conn, _deadline, _started, _what, tag) in self.running.items():
+            signal_group(pid, signal.SIGKILL)
+            if tag:
+                kill_tagged(tag)
+            conn.close()
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+            self.path.parent.rmdir()  # the starter's private folder, when nothing else is in it
+
+    def _check(self, req: object) -> str | None:
+        """Why this request is declined, or None."""
+        if not isinstance(req, dict) or not req.get("spec") or not req.get("cwd"):
+            return "a request is {stage, spec, cwd, timeout_s?, log?, env?, tag?}"
+        if req.get("stage") not in self.stages:
+            return f"this server starts {sorted(self.stages)}, not {req.get('stage')!r}"
+        tag = req.get("tag")
+        if tag and not (self.can_tag and isinstance(tag, str)
+                        and len(tag.encode()) <= len(TAG_SLOT) and "\0" not in tag):
+            return "this server cannot tag its children"
+        return None
+
+    def start(self, conn: socket.socket, lst: socket.socket) -> None:
+        conn.settimeout(5)
+        try:
+            with conn.makefile("rb") as f:
+                req = json.loads(f.readline() or b"{}")
+            why = self._check(req)
+        except (OSError, ValueError) as e:
+            why = str(e)
+        if why is not None:
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"error": why}).encode() + b"\n")
+            conn.close()
+            return
+        pid = fork_child()  # its own group: a stop reaches what the child started, too
+        if pid == 0:
+            _child(conn, lst, req)
+        now = time.monotonic()
+        timeout = req.get("timeout_s")
+        self.running[pid] = (conn, now + float(timeout) if timeout else None, now,
+                             f"{req['stage']} {req['spec']}", str(req.get("tag") or ""))
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+
+    def _answer(self, pid: int, rc: int, timed_out: bool = False) -> None:
+        conn, _deadline, started, what, _tag = self.running.pop(pid)
+        print(f"{what.split(' ', 1)[0]} {pid} rc {rc}{' (timed out)' if timed_out else ''} "
+              f"{time.monotonic() - started:.2f} s {what.split(' ', 1)[1]}", flush=True)
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"rc": rc, "timed_out": timed_out}).encode() + b"\n")
+        conn.close()
+
+    def reap(self) -> None:
+        while self.running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.running:
+                self._answer(pid, os.waitstatus_to_exitcode(status))
+
+    def expire(self) -> None:
+        now = time.monotonic()
+        for pid, (_conn, deadline, *_) in list(self.running.items()):
+            if deadline is not None and now > deadline:
+                signal_group(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+                self._answer(pid, -signal.SIGKILL, timed_out=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workers.stages.starter")
+    ap.add_argument("--profile", choices=sorted(PROFILES), required=True)
+    ap.add_argument("--socket", required=True, type=Path)
+    args = ap.parse_args(argv)
+    server = Server(args.socket, os.getppid(), args.profile)
+
+    def _stop(signum, frame) -> None:
+        server.stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    warm(args.profile)
+    if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+        # An import started CUDA: a forked child could not use it. The caller starts fresh
+        # processes instead (it sees this server exit).
+        print("an import initialized CUDA; a warm starter cannot fork CUDA children", flush=True)
+        return 1
+    server.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
