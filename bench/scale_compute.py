@@ -22,7 +22,8 @@ database rows added while it ran (jobs, events, artifacts), and k, the growth ex
 wall time (cost ~ N^k) from the previous size; the JSON line carries the least-squares k over
 all sizes. evaluate's work is fixed (8 prompts), so its k says whether anything in it grows
 with the training set. Targets: k <= 1.1 per stage; events per job bounded (<= 1 per second of
-its wall + 20); peak RSS of generate and extract grows <= 1.25x over the sizes.
+its wall + 20, besides its metric rows, which workers/supervisor.py spaces by elapsed time /
+METRIC_EVENTS); peak RSS of generate and extract grows <= 1.25x over the sizes.
 """
 
 from __future__ import annotations
@@ -100,11 +101,14 @@ class RunMeasure:
                 raise RuntimeError(f"{mode} {stage} at N={n}: {j['status']}: {j['error']}")
             reused = j.get("reused_from") is not None
             nbytes = sum(self.c.get_artifact(a)["bytes"] or 0 for a in j["outputs"] or [])
-            events = len(self.c.events(j["id"], limit=1000))
+            evs = self.c.events(j["id"], limit=10_000)
+            events = len(evs)
+            metric_rows = sum(e["kind"] == "metric" for e in evs)
             rows.append({"stage": f"{stage}:{mode}" if stage in ("train", "evaluate") else stage,
                          "n": n, "wall_s": _job_wall(j) if not reused else 0.0,
                          "records": n, "rss_mb": self.rss.peak.get(stage, 0) / 1e6,
-                         "bytes": nbytes, "events": events, "reused": reused,
+                         "bytes": nbytes, "events": events, "metric_rows": metric_rows,
+                         "reused": reused,
                          "rows": {k: after[k] - before[k] for k in after}})
         done = self.c.wait_run(run["id"], timeout=600)
         if done["status"] != "succeeded":
@@ -184,7 +188,10 @@ def report(rows: list[dict], sizes: list[int]) -> None:
             out.append({"bench": "scale_compute", "metric": f"{stage}_rss_growth",
                         "value": round(rs[-1]["rss_mb"], 1), "baseline": round(rs[0]["rss_mb"], 1),
                         "ratio": round(g, 3), "target": 1.25, "pass": g <= 1.25})
-    worst = max(r["events"] - (r["wall_s"] + 20) for r in rows) if rows else 0
+    # Metric rows (the loss curve) have their own bound: every one until the spacing grows
+    # with the elapsed time (workers/supervisor.py METRIC_EVENTS); the rest, <= 1/s + 20.
+    worst = max(r["events"] - r["metric_rows"] - (r["wall_s"] + 20) for r in rows) if rows \
+        else 0
     out.append({"bench": "scale_compute", "metric": "events_per_job_over_bound",
                 "value": worst, "baseline": 0, "ratio": None, "target": 0, "pass": worst <= 0})
     print(json.dumps(out))

@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sqlalchemy import select
@@ -56,6 +56,10 @@ BACKOFF_MAX_S = 2.0  # retry the DB at least this often during an outage: recove
 # 75-minute prepare writes ~1,000 progress rows, not 4,500 (issue 22).
 PROGRESS_EVENT_S = 1.0
 PROGRESS_EVENTS = 300
+# Metric rows (the loss curve of GET /v1/jobs/{id}/metrics): every one until the spacing
+# elapsed / METRIC_EVENTS exceeds the stage's logging interval; a 3-day train logging every
+# second writes ~6,500 rows, not 259,200 (every point stays in its TensorBoard folder).
+METRIC_EVENTS = 1000
 RATE_WINDOW_S = 30.0
 
 
@@ -129,6 +133,28 @@ class _Rate:
 
 
 @dataclass
+class _Spacing:
+    """Which of a stream of reports get an event row: the first, then at most one per
+    `floor_s` of the stage's clock, and at most one per elapsed / `rows` seconds (so past
+    `rows` rows the spacing grows with the elapsed time: a job's rows grow with neither its
+    report rate nor, beyond a logarithm, its duration)."""
+
+    floor_s: float
+    rows: int
+    first: float | None = None
+    last: float | None = None
+
+    def due(self, t: float) -> bool:
+        if self.first is None:
+            self.first = t
+        if self.last is not None and \
+                t - self.last < max(self.floor_s, (t - self.first) / self.rows):
+            return False
+        self.last = t
+        return True
+
+
+@dataclass
 class StageOutcome:
     returncode: int
     cancelled: bool
@@ -155,8 +181,9 @@ class Supervisor:
         self.settings = get_settings()
         self._events_pos = 0
         self._rate = _Rate()
-        self._progress_event_at: float | None = None
-        self._progress_first_at = 0.0
+        self._progress_rows = _Spacing(PROGRESS_EVENT_S, PROGRESS_EVENTS)
+        self._metric_rows = _Spacing(0.0, METRIC_EVENTS)
+        self._metric_held: dict | None = None  # the newest metric not written (yet)
         self.error: dict | None = None
         self.result: dict | None = None
         self.artifacts: list[dict] = []
@@ -262,7 +289,8 @@ class Supervisor:
                 time.sleep(0.25)
                 continue
             try:
-                status = self._pump_events(heartbeat=now - last_hb >= self.settings.heartbeat_s)
+                status = self._pump_events(heartbeat=now - last_hb >= self.settings.heartbeat_s,
+                                           final=rc is not None)
                 if self._fenced:  # killed by _fence_by_time while this call hung
                     raise GaveUp(f"database unreachable for {limit:.0f}s")
             except SQLAlchemyError as e:  # DB outage: the stage keeps running
@@ -310,10 +338,11 @@ class Supervisor:
                                     self.result, self.artifacts, preempted=preempted)
             time.sleep(0.1 if cancel_at else 0.25)
 
-    def _pump_events(self, heartbeat: bool) -> str | None:
+    def _pump_events(self, heartbeat: bool, final: bool = False) -> str | None:
         """Read new event lines into the DB; heartbeat; return the job's current status. The
         read position moves on only once the lines are committed: after a failed commit the
-        same lines are read again (a DB outage loses no event)."""
+        same lines are read again (a DB outage loses no event). `final`: the stage has
+        exited, so a metric held back by the spacing is written now."""
         lines: list[dict] = []
         end = 0
         if self.events_path.exists():
@@ -326,6 +355,8 @@ class Supervisor:
                     lines.append(json.loads(raw))
                 except ValueError:
                     continue
+        if final and self._metric_held is not None:
+            heartbeat = True  # the write path below, which writes it
         if not lines and not heartbeat:
             self._events_pos += end
             with unit_of_work() as s:
@@ -333,6 +364,7 @@ class Supervisor:
                                 .where(Job.id == self.job_id)).first()
                 return self._status_if_ours(row)
         n_arts = len(self.artifacts)
+        spacing = (replace(self._progress_rows), replace(self._metric_rows), self._metric_held)
         try:
             with unit_of_work() as s:
                 job = s.get(Job, self.job_id)
@@ -341,9 +373,13 @@ class Supervisor:
                     return LOST  # another attempt's events and heartbeat are not ours to write
                 for ev in lines:
                     self._apply(s, job, ev)
+                if final and self._metric_held is not None:
+                    add_event(s, job.id, "metric", self._metric_held)
+                    self._metric_held = None
                 job.heartbeat_at = db_now(s)
         except BaseException:
             del self.artifacts[n_arts:]  # read again on the next try
+            self._progress_rows, self._metric_rows, self._metric_held = spacing
             raise
         self._events_pos += end
         return status
@@ -366,14 +402,16 @@ class Supervisor:
             total, done = data.get("total"), data.get("done") or 0
             eta = (total - done) / rate if rate and total else None
             job.progress = {**data, "rate": rate, "eta_s": eta}
-            last = self._progress_event_at
-            if last is None:
-                self._progress_first_at = t
-            gap = max(PROGRESS_EVENT_S, (t - self._progress_first_at) / PROGRESS_EVENTS)
-            if last is None or t - last >= gap or (total and done >= total):
-                self._progress_event_at = t
+            if self._progress_rows.due(t) or (total and done >= total):
                 add_event(s, job.id, "progress", job.progress)
-        elif kind in ("metric", "warning", "log"):
+        elif kind == "metric":
+            # Spaced (METRIC_EVENTS); the last one is always written (_pump_events).
+            if self._metric_rows.due(ev.get("at") or time.time()):
+                add_event(s, job.id, kind, data)
+                self._metric_held = None
+            else:
+                self._metric_held = data
+        elif kind in ("warning", "log"):
             add_event(s, job.id, kind, data)
         elif kind == "artifact":
             self.artifacts.append(data)

@@ -75,3 +75,43 @@ def test_eta_at_ten_percent_of_a_stage_reporting_in_chunks(db, user, tmp_path):
             remained = 10_800.0 - t
             assert job.progress["eta_s"] is not None
             assert abs(job.progress["eta_s"] - remained) <= 0.25 * remained, job.progress
+
+
+def test_metric_rows_are_spaced_and_the_last_one_is_always_written(db, user, tmp_path,
+                                                                   monkeypatch):
+    """A train logging a metric every 0.1 s: every point of its first 100 s (a short train's
+    curve is whole), then rows spaced by elapsed / METRIC_EVENTS (over 2,000 s: ~4,000
+    rows, not 20,000); the metric of its last step is written when the stage exits even
+    though the spacing held it back."""
+    import contextlib
+    import json
+
+    import workers.supervisor as sv
+
+    @contextlib.contextmanager
+    def same_session():  # the supervisor's writes go into this test's transaction
+        yield db
+        db.flush()
+
+    monkeypatch.setattr(sv, "unit_of_work", same_session)
+    job, sup = _running(db, user, tmp_path, "train")
+    n = 20_000
+    with open(tmp_path / "ev.jsonl", "w") as f:
+        for step in range(1, n + 1):
+            f.write(json.dumps({"kind": "metric", "at": 7_000.0 + step * 0.1,
+                                "data": {"step": step, "loss": 10.0 / step}}) + "\n")
+    sup._pump_events(heartbeat=False)
+
+    def steps() -> list[int]:
+        return [d["step"] for d in db.scalars(
+            select(JobEvent.data).where(JobEvent.job_id == job.id, JobEvent.kind == "metric")
+            .order_by(JobEvent.id))]
+
+    written = steps()
+    assert written[:1000] == list(range(1, 1001))  # the first 100 s: every step
+    assert 3_000 <= len(written) <= 5_000, len(written)
+    assert written[-1] < n  # the last step is held back while the stage runs
+    sup._pump_events(heartbeat=False, final=True)  # the stage has exited
+    assert steps() == [*written, n]
+    sup._pump_events(heartbeat=False, final=True)
+    assert steps() == [*written, n]  # once
