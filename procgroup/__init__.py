@@ -112,54 +112,87 @@ def fork_child(death_signal: int = signal.SIGKILL) -> int:
     return pid
 
 
-# --- a forked child's tag (a warm starter's children, workers/stages/starter.py) ------------
+# --- a forked child's identity in /proc (a warm starter's children, workers/stages/starter.py)
 #
-# /proc/<pid>/environ shows the environment block a process was exec'd with, and a forked
-# child keeps its parent's: setting os.environ in the child changes what it passes on, not what
-# the scan above reads. So a warm starter is exec'd with the tag set to TAG_SLOT, a placeholder
-# as long as any tag, and each child writes its attempt's tag into that slot of its own copy of
-# the block (/proc/self/mem, the way setproctitle rewrites argv): from then on the child is
-# found by the same scan as every other process of its attempt.
+# /proc/<pid>/environ and /proc/<pid>/cmdline show the environment block and the arguments a
+# process was exec'd with, and a forked child keeps its parent's: setting os.environ in the
+# child changes what it passes on, not what the scan above (or a look at `ps`) reads. So a warm
+# starter is exec'd with the tag set to TAG_SLOT and a last argument ARGV_SLOT, placeholders
+# with room to spare, and each child writes its own entries (its attempt's tag, its job id)
+# over the tag's slot and its own command line over the arguments, in its own copy of the
+# memory (/proc/self/mem, the way setproctitle rewrites argv). From then on the child is
+# found by the same scans as every other process of its attempt.
 
-TAG_SLOT = "unassigned" + "." * 246
+TAG_SLOT = "unassigned" + "." * 502
+ARGV_SLOT = "." * 512
 
 
-def _env_block() -> tuple[int, int] | None:
-    """Start and end address of this process's exec-time environment block (stat fields 50
-    and 51, Linux >= 3.5), or None."""
+def _area(first: int) -> tuple[int, int] | None:
+    """(start, end) address of this process's exec-time arguments (first=48) or environment
+    (first=50), from /proc/self/stat (Linux >= 3.5), or None."""
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[47]), int(fields[48])
+        return int(fields[first - 3]), int(fields[first - 2])
     except (OSError, IndexError, ValueError):
         return None
 
 
-def retag(value: str, name: str = TAG_ENV) -> bool:
-    """Write `value` into this process's exec-time slot of `name` (NUL-padded, so the rest
-    of the slot reads as nothing); True when /proc/self/environ now says name=value. False
-    (and nothing changed) without a slot long enough, or without /proc/self/mem."""
-    block = _env_block()
-    if block is None:
-        return False
-    start, end = block
-    key = f"{name}=".encode()
-    want = value.encode()
+def _write_own(at: int, data: bytes) -> bool:
     try:
         with open("/proc/self/mem", "r+b", buffering=0) as mem:
-            mem.seek(start)
-            raw = mem.read(end - start)
-            at = 0 if raw.startswith(key) else raw.find(b"\0" + key) + 1
-            if at <= 0 and not raw.startswith(key):
-                return False
-            at += len(key)
-            cap = raw.index(b"\0", at) - at
-            if b"\0" in want or len(want) > cap:
-                return False
-            mem.seek(start + at)
-            mem.write(want + b"\0" * (cap - len(want)))
-    except (OSError, ValueError):
+            mem.seek(at)
+            mem.write(data)
+        return True
+    except OSError:
         return False
-    return (_environ("self") or {}).get(name) == value
+
+
+def _read_own(start: int, end: int) -> bytes | None:
+    try:
+        with open("/proc/self/mem", "rb", buffering=0) as mem:
+            mem.seek(start)
+            return mem.read(end - start)
+    except OSError:
+        return None
+
+
+def env_slot() -> tuple[int, int] | None:
+    """(address, length) of the TAG_ENV entry ("NAME=value") in this process's exec-time
+    environment block, or None."""
+    area = _area(50)
+    raw = None if area is None else _read_own(*area)
+    if area is None or raw is None:
+        return None
+    key = f"{TAG_ENV}=".encode()
+    at = 0 if raw.startswith(key) else raw.find(b"\0" + key) + 1
+    if at <= 0 and not raw.startswith(key):
+        return None
+    return area[0] + at, raw.index(b"\0", at) - at
+
+
+def set_proc_environ(entries: dict[str, str]) -> bool:
+    """Write `entries` (TAG_ENV first) over this process's exec-time TAG_ENV entry,
+    NUL-padded (the rest of the slot reads as nothing); True when /proc/self/environ now shows
+    each of them. False, and nothing changed, without a slot long enough or /proc/self/mem."""
+    slot = env_slot()
+    data = b"\0".join(f"{k}={v}".encode() for k, v in entries.items())
+    if slot is None or not entries or next(iter(entries)) != TAG_ENV or len(data) > slot[1] \
+            or any("\0" in f"{k}{v}" or "=" in k for k, v in entries.items()):
+        return False
+    if not _write_own(slot[0], data + b"\0" * (slot[1] - len(data))):
+        return False
+    seen = _environ("self") or {}
+    return all(seen.get(k) == v for k, v in entries.items())
+
+
+def set_proc_cmdline(argv: Sequence[str]) -> bool:
+    """Write `argv` over this process's exec-time arguments, NUL-padded, when it fits (a
+    warm starter's last argument is ARGV_SLOT): /proc/self/cmdline and `ps` then show it."""
+    area = _area(48)
+    data = b"\0".join(a.encode() for a in argv) + b"\0"
+    if area is None or len(data) > area[1] - area[0] or any("\0" in a for a in argv):
+        return False
+    return _write_own(area[0], data + b"\0" * (area[1] - area[0] - len(data)))
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -1,7 +1,8 @@
 """A worker's warm starter (workers/stages/starter.py, profile `model`) on real processes: a
-stage it forks is found by its attempt's tag like a freshly started one (procgroup.retag), is
-the process `python -m workers.stages` would be (the request's environment, the log), and
-dies, with the server, when the worker is SIGKILLed. The whole path under a real worker is
+stage it forks shows its attempt's tag, its job id and its command line in /proc like a
+freshly started one (procgroup.set_proc_environ, set_proc_cmdline), is the process
+`python -m workers.stages` would be (the request's environment, the log), and dies, with the
+server, when the worker is SIGKILLed. The whole path under a real worker is
 tests/service (every model stage of the suite is forked warm) and, with torchrun's ranks,
 tests/stages/test_train_contained.py's `warm` cases."""
 
@@ -32,7 +33,8 @@ log = Path(spec).parent / "log.txt"
 
 def warm(env):
     return STAGE_SERVER.start({"stage": stage, "spec": spec, "cwd": str(Path(spec).parent),
-                               "log": str(log), "env": env, "tag": a.tag})
+                               "log": str(log), "env": env,
+                               "proc_env": {"DRAFTYARD_ATTEMPT": a.tag, "DRAFTYARD_JOB_ID": job}})
 
 p = a.start([sys.executable, "-m", "workers.stages", stage, "--spec", spec],
             env={**os.environ, "CUDA_VISIBLE_DEVICES": "3"}, log=log, warm=warm)
@@ -65,8 +67,12 @@ def test_a_forked_stage_carries_its_tag_and_dies_with_its_worker(tmp_path):
         pid, server = int(pid), int(server)
         assert kind == "WarmChild"
         tag = job_tag(DEPLOYMENT, "job-a") + "1"
-        # The forked stage is found by its tag (the server itself carries none).
+        # The forked stage is found by its tag (the server itself carries none), and /proc
+        # shows its job and its command line as of a fresh stage.
         wait_for(lambda: tagged(tag) == [pid], 10, 0.05, "the forked stage to carry its tag")
+        assert (_environ(pid) or {}).get("DRAFTYARD_JOB_ID") == "job-a"
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        assert argv[1:] == [b"-m", b"workers.stages", b"train", b"--spec", str(spec).encode()]
         assert (_environ(server) or {}).get(TAG_ENV, "").startswith("unassigned")
         assert os.getpgid(pid) == pid  # a group of its own: a stop reaches what it starts
         os.killpg(worker.pid, signal.SIGKILL)
@@ -92,6 +98,7 @@ from procgroup import TAG_ENV, _environ
 def fake_main(argv, watch=True):
     print(json.dumps({"argv": argv, "watch": watch, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
                       "tag": os.environ.get(TAG_ENV), "proc_tag": _environ("self").get(TAG_ENV),
+                      "proc_job": _environ("self").get("DRAFTYARD_JOB_ID"),
                       "tmp": tempfile.gettempdir()}))
     return 0
 import workers.stages.__main__ as m
@@ -103,8 +110,11 @@ lst = srv.listen()
 a, b = socket.socketpair()
 req = {"stage": "train", "spec": "/x/spec.json", "cwd": sys.argv[3], "log": sys.argv[4],
        "env": {"CUDA_VISIBLE_DEVICES": "5", TAG_ENV: "abc/job/1", "TMPDIR": sys.argv[3]},
-       "tag": "abc/job/1"}
+       "proc_env": {TAG_ENV: "abc/job/1", "DRAFTYARD_JOB_ID": "job"}}
 assert srv._check(req) is None
+# A name the server's own block has would show twice: declined (the caller starts fresh).
+assert "cannot show" in srv._check({**req, "proc_env": {TAG_ENV: "t", "PATH": "/x"}})
+assert "cannot show" in srv._check({**req, "proc_env": {TAG_ENV: "t" * 600}})
 pid = starter.fork_child()
 if pid == 0:
     starter._child(a, lst, req)
@@ -121,4 +131,5 @@ print(os.waitstatus_to_exitcode(status))
     assert out.returncode == 0 and out.stdout.strip() == "0", out.stderr[-2000:]
     seen = json.loads(log.read_text().strip().splitlines()[-1])
     assert seen == {"argv": ["train", "--spec", "/x/spec.json"], "watch": False, "cvd": "5",
-                    "tag": "abc/job/1", "proc_tag": "abc/job/1", "tmp": str(tmp_path)}
+                    "tag": "abc/job/1", "proc_tag": "abc/job/1", "proc_job": "job",
+                    "tmp": str(tmp_path)}

@@ -39,7 +39,7 @@ from app.jobs.service import add_event
 from app.models import Job
 from app.scheduler.reaper import give_up_s
 from app.jobs.states import JobStatus as S
-from procgroup import PARENT_ENV, TAG_ENV, TAG_SLOT, Attempt, signal_group
+from procgroup import ARGV_SLOT, PARENT_ENV, TAG_ENV, TAG_SLOT, Attempt, signal_group
 from procgroup.warm import WarmChild, WarmStarter
 from workers.attempt import Attempt as JobAttempt
 from workers.stages.starter import MODEL_STAGES
@@ -65,10 +65,10 @@ RATE_WINDOW_S = 30.0
 
 def _starter_env() -> dict[str, str]:
     """The model starter's environment: this worker's, with the stage's defaults, the tag's
-    placeholder (each child writes its attempt's tag there, procgroup.retag), this process
-    as the parent its children belong to (workers/node.kill_orphans), and CUDA checked by
-    NVML, not the runtime, if an import asks: a CUDA runtime started before a fork is
-    unusable in the child (each child replaces this environment with its own)."""
+    placeholder (each child writes its attempt's tag there, procgroup.set_proc_environ), this
+    process as the parent its children belong to (workers/node.kill_orphans), and CUDA
+    checked by NVML, not the runtime, if an import asks: a CUDA runtime started before a fork
+    is unusable in the child (each child replaces this environment with its own)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
     env.update({"PYTHONUNBUFFERED": "1", TAG_ENV: TAG_SLOT, PARENT_ENV: str(os.getpid()),
@@ -79,7 +79,8 @@ def _starter_env() -> dict[str, str]:
 # This worker process's warm starter for model stages, started with the first one; gone with
 # this process (it watches it).
 STAGE_SERVER = WarmStarter("stages", [sys.executable, "-m", "workers.stages.starter",
-                                      "--profile", "model"], env=_starter_env,
+                                      "--profile", "model", "--title-slot", ARGV_SLOT],
+                           env=_starter_env,
                            log_path=lambda: get_settings().home / "workers" / "starter.log",
                            cwd=REPO_ROOT)
 atexit.register(STAGE_SERVER.stop)
@@ -208,9 +209,11 @@ class Supervisor:
         warm = None
         if self.type in MODEL_STAGES and self.settings.stage_server:
             def warm(env: dict[str, str]) -> WarmChild | None:
-                return STAGE_SERVER.start({"stage": self.type, "spec": str(self.spec_path),
-                                           "cwd": str(self.job_dir), "log": str(log_path),
-                                           "env": env, "tag": env[TAG_ENV]})
+                return STAGE_SERVER.start({
+                    "stage": self.type, "spec": str(self.spec_path), "cwd": str(self.job_dir),
+                    "log": str(log_path), "env": env,
+                    # what /proc shows of it, as of a fresh stage (procgroup's scans)
+                    "proc_env": {TAG_ENV: env[TAG_ENV], "DRAFTYARD_JOB_ID": self.job_id}})
         self.proc = self.processes.start(
             [sys.executable, "-m", "workers.stages", self.type, "--spec", str(self.spec_path)],
             env=env, cwd=self.job_dir, log=log_path, warm=warm)

@@ -42,7 +42,8 @@ if sys.argv[5] == "warm":  # forked by this worker's warm starter, as Supervisor
 
     def warm(env):
         return STAGE_SERVER.start({"stage": "train", "spec": spec, "cwd": str(Path(spec).parent),
-                                   "log": str(log), "env": env, "tag": a.tag})
+                                   "log": str(log), "env": env,
+                               "proc_env": {"DRAFTYARD_ATTEMPT": a.tag, "DRAFTYARD_JOB_ID": job}})
 p = a.start([sys.executable, "-m", "workers.stages", "train", "--spec", spec],
             env=dict(os.environ), log=log, warm=warm)
 assert (warm is None) == (type(p).__name__ == "Popen"), type(p)

@@ -18,9 +18,11 @@ next. Profiles:
 A stage child is the process `python -m workers.stages <type>` would be: the request's
 environment replaces the server's (CUDA_VISIBLE_DEVICES is read when CUDA starts, never
 before: the server does not touch CUDA), its log gets stdout and stderr, and it carries its
-attempt's tag where the scan of procgroup looks for it (procgroup.retag: the server is
-started with the tag's placeholder). A server that cannot tag declines tagged requests and
-the supervisor starts a fresh process instead.
+attempt's tag and its job id where the scans of procgroup and the fault suite look for them
+(/proc/<pid>/environ) and its own command line (`python -m workers.stages <type> --spec
+...`, /proc/<pid>/cmdline): the server is started with placeholders for both
+(procgroup.set_proc_environ, set_proc_cmdline). A server that cannot write them declines
+tagged requests and the supervisor starts a fresh process instead.
 
 The protocol is procgroup/warm.py's. The server is single-threaded (a select loop), so forking
 it is safe, and each child gets a death signal tied to it (procgroup.fork_child). It exits
@@ -43,7 +45,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from procgroup import TAG_ENV, TAG_SLOT, fork_child, kill_tagged, retag, signal_group
+from procgroup import (
+    TAG_ENV,
+    TAG_SLOT,
+    fork_child,
+    kill_tagged,
+    set_proc_cmdline,
+    set_proc_environ,
+    signal_group,
+)
 
 MODEL_STAGES = frozenset({"generate", "extract", "train", "evaluate"})
 PROFILES = {"plan": frozenset({"plan"}), "model": MODEL_STAGES}
@@ -97,8 +107,10 @@ def _child(sock: socket.socket, listener: socket.socket, req: dict) -> None:
     try:
         listener.close()
         sock.close()
-        if req.get("tag") and not retag(req["tag"]):
+        if req.get("proc_env") and not set_proc_environ(req["proc_env"]):
             os._exit(3)  # cannot happen: the server checked its slot before forking
+        set_proc_cmdline([sys.executable, "-m", "workers.stages", req["stage"], "--spec",
+                          str(req["spec"])])
         cwd = Path(req["cwd"])
         os.chdir(cwd)
         if req.get("log"):
@@ -147,9 +159,12 @@ class Server:
         # pid -> (conn, deadline or None, started, what, tag)
         self.running: dict[int, tuple[socket.socket, float | None, float, str, str]] = {}
         self.stopping = False
-        # The tag's slot in this process's environment block (procgroup.retag): a child
-        # writes its tag there; without one, tagged requests are declined.
-        self.can_tag = os.environ.get(TAG_ENV) == TAG_SLOT and retag(TAG_SLOT)
+        # The tag's slot in this process's environment block: a child writes its entries
+        # there (procgroup.set_proc_environ); without one, tagged requests are declined.
+        # Names this block has already would be shown twice, so only new ones may be added.
+        self.can_tag = os.environ.get(TAG_ENV) == TAG_SLOT and \
+            set_proc_environ({TAG_ENV: TAG_SLOT})
+        self.own_names = frozenset(os.environ) - {TAG_ENV}
 
     def listen(self) -> socket.socket:
         with contextlib.suppress(FileNotFoundError):
@@ -187,13 +202,19 @@ class Server:
     def _check(self, req: object) -> str | None:
         """Why this request is declined, or None."""
         if not isinstance(req, dict) or not req.get("spec") or not req.get("cwd"):
-            return "a request is {stage, spec, cwd, timeout_s?, log?, env?, tag?}"
+            return "a request is {stage, spec, cwd, timeout_s?, log?, env?, proc_env?}"
         if req.get("stage") not in self.stages:
             return f"this server starts {sorted(self.stages)}, not {req.get('stage')!r}"
-        tag = req.get("tag")
-        if tag and not (self.can_tag and isinstance(tag, str)
-                        and len(tag.encode()) <= len(TAG_SLOT) and "\0" not in tag):
-            return "this server cannot tag its children"
+        shown = req.get("proc_env")
+        if shown is None:
+            return None
+        if not (self.can_tag and isinstance(shown, dict) and next(iter(shown), None) == TAG_ENV
+                and not self.own_names & set(shown)
+                and all(isinstance(v, str) and "\0" not in k + v and "=" not in k
+                        for k, v in shown.items())
+                and len("\0".join(f"{k}={v}" for k, v in shown.items()).encode())
+                <= len(f"{TAG_ENV}={TAG_SLOT}".encode())):
+            return "this server cannot show these entries in its children's environment"
         return None
 
     def start(self, conn: socket.socket, lst: socket.socket) -> None:
@@ -215,7 +236,8 @@ class Server:
         now = time.monotonic()
         timeout = req.get("timeout_s")
         self.running[pid] = (conn, now + float(timeout) if timeout else None, now,
-                             f"{req['stage']} {req['spec']}", str(req.get("tag") or ""))
+                             f"{req['stage']} {req['spec']}",
+                             str((req.get("proc_env") or {}).get(TAG_ENV) or ""))
         with contextlib.suppress(OSError):
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
 
@@ -252,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workers.stages.starter")
     ap.add_argument("--profile", choices=sorted(PROFILES), required=True)
     ap.add_argument("--socket", required=True, type=Path)
+    # Room for a child's command line (procgroup.ARGV_SLOT); its value is never read.
+    ap.add_argument("--title-slot", default="")
     args = ap.parse_args(argv)
     server = Server(args.socket, os.getppid(), args.profile)
 
