@@ -176,7 +176,8 @@ def test_db_down_past_give_up_kills_the_stage_first_then_one_requeue():
     fs = FaultStack(stale_s=2).up()
     try:
         (jid,) = fs.start_long(1, 0, 12)
-        (pid,) = fs.sampler.snapshot()[jid]
+        # `running` is recorded at the claim, before the worker has started the stage.
+        (pid,) = fs.wait(lambda: fs.sampler.snapshot().get(jid), 30, "the stage to start")
         fs.pg.stop()
         t0 = time.monotonic()
         fs.wait(lambda: not fs.sampler.snapshot().get(jid), 20, "the stage to be killed")
