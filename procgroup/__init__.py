@@ -170,14 +170,24 @@ def env_slot() -> tuple[int, int] | None:
     return area[0] + at, raw.index(b"\0", at) - at
 
 
+def proc_environ_bytes(entries: object) -> bytes | None:
+    """What set_proc_environ writes for `entries` ("NAME=value" joined by NULs), or None
+    when they cannot be written: not a dict of strings with TAG_ENV first, a NUL anywhere,
+    a '=' in a name."""
+    if not isinstance(entries, dict) or next(iter(entries), None) != TAG_ENV or not all(
+            isinstance(k, str) and isinstance(v, str) and "\0" not in k + v and "=" not in k
+            for k, v in entries.items()):
+        return None
+    return b"\0".join(f"{k}={v}".encode() for k, v in entries.items())
+
+
 def set_proc_environ(entries: dict[str, str]) -> bool:
     """Write `entries` (TAG_ENV first) over this process's exec-time TAG_ENV entry,
     NUL-padded (the rest of the slot reads as nothing); True when /proc/self/environ now shows
     each of them. False, and nothing changed, without a slot long enough or /proc/self/mem."""
     slot = env_slot()
-    data = b"\0".join(f"{k}={v}".encode() for k, v in entries.items())
-    if slot is None or not entries or next(iter(entries)) != TAG_ENV or len(data) > slot[1] \
-            or any("\0" in f"{k}{v}" or "=" in k for k, v in entries.items()):
+    data = proc_environ_bytes(entries)
+    if slot is None or data is None or len(data) > slot[1]:
         return False
     if not _write_own(slot[0], data + b"\0" * (slot[1] - len(data))):
         return False

@@ -69,10 +69,16 @@ def _starter_env() -> dict[str, str]:
     process as the parent its children belong to (workers/node.kill_orphans), and CUDA
     checked by NVML, not the runtime, if an import asks: a CUDA runtime started before a fork
     is unusable in the child (each child replaces this environment with its own)."""
+    return {**_process_env(), TAG_ENV: TAG_SLOT, PARENT_ENV: str(os.getpid()),
+            "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+
+
+def _process_env() -> dict[str, str]:
+    """What every process the supervisor starts runs with: this worker's environment, the
+    repository on the path, unbuffered output (its log is read while it runs)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
-    env.update({"PYTHONUNBUFFERED": "1", TAG_ENV: TAG_SLOT, PARENT_ENV: str(os.getpid()),
-                "PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
+    env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
@@ -193,10 +199,8 @@ class Supervisor:
 
     # -- child process --------------------------------------------------------------------
     def start(self) -> None:
-        env = dict(os.environ)
+        env = _process_env()
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.gpus)
-        env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
-        env["PYTHONUNBUFFERED"] = "1"
         env["DRAFTYARD_JOB_ID"] = self.job_id
         env["TMPDIR"] = str(self.spec_path.parent)  # node-local scratch (workers/runner.py)
         log_path = self.job_dir / "log.txt"
@@ -358,9 +362,7 @@ class Supervisor:
                     lines.append(json.loads(raw))
                 except ValueError:
                     continue
-        if final and self._metric_held is not None:
-            heartbeat = True  # the write path below, which writes it
-        if not lines and not heartbeat:
+        if not lines and not heartbeat and not (final and self._metric_held is not None):
             self._events_pos += end
             with unit_of_work() as s:
                 row = s.execute(select(Job.status, Job.attempt, Job.preempt_by)
@@ -376,7 +378,7 @@ class Supervisor:
                     return LOST  # another attempt's events and heartbeat are not ours to write
                 for ev in lines:
                     self._apply(s, job, ev)
-                if final and self._metric_held is not None:
+                if final and self._metric_held is not None:  # held by these lines, too
                     add_event(s, job.id, "metric", self._metric_held)
                     self._metric_held = None
                 job.heartbeat_at = db_now(s)

@@ -43,13 +43,16 @@ import socket
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from procgroup import (
     TAG_ENV,
     TAG_SLOT,
+    env_slot,
     fork_child,
     kill_tagged,
+    proc_environ_bytes,
     set_proc_cmdline,
     set_proc_environ,
     signal_group,
@@ -150,21 +153,36 @@ def _child(sock: socket.socket, listener: socket.socket, req: dict) -> None:
         os._exit(rc)
 
 
+@dataclass
+class _Running:
+    """A child the server forked and has not reaped yet."""
+
+    conn: socket.socket
+    deadline: float | None
+    started: float
+    stage: str
+    spec: str
+    tag: str
+
+
 class Server:
     def __init__(self, path: Path, parent: int, profile: str):
         self.path = path
         self.parent = parent
         self.stages = PROFILES[profile]
         self.sel = selectors.DefaultSelector()
-        # pid -> (conn, deadline or None, started, what, tag)
-        self.running: dict[int, tuple[socket.socket, float | None, float, str, str]] = {}
+        self.running: dict[int, _Running] = {}
         self.stopping = False
         # The tag's slot in this process's environment block: a child writes its entries
         # there (procgroup.set_proc_environ); without one, tagged requests are declined.
         # Names this block has already would be shown twice, so only new ones may be added.
-        self.can_tag = os.environ.get(TAG_ENV) == TAG_SLOT and \
-            set_proc_environ({TAG_ENV: TAG_SLOT})
+        slot = env_slot() if os.environ.get(TAG_ENV) == TAG_SLOT else None
+        self.slot_len = slot[1] if slot and set_proc_environ({TAG_ENV: TAG_SLOT}) else 0
         self.own_names = frozenset(os.environ) - {TAG_ENV}
+
+    @property
+    def can_tag(self) -> bool:
+        return self.slot_len > 0
 
     def listen(self) -> socket.socket:
         with contextlib.suppress(FileNotFoundError):
@@ -190,11 +208,11 @@ class Server:
                     self.start(conn, lst)
             self.reap()
             self.expire()
-        for pid, (conn, _deadline, _started, _what, tag) in self.running.items():
+        for pid, child in self.running.items():
             signal_group(pid, signal.SIGKILL)
-            if tag:
-                kill_tagged(tag)
-            conn.close()
+            if child.tag:
+                kill_tagged(child.tag)
+            child.conn.close()
         with contextlib.suppress(OSError):
             self.path.unlink()
             self.path.parent.rmdir()  # the starter's private folder, when nothing else is in it
@@ -208,12 +226,8 @@ class Server:
         shown = req.get("proc_env")
         if shown is None:
             return None
-        if not (self.can_tag and isinstance(shown, dict) and next(iter(shown), None) == TAG_ENV
-                and not self.own_names & set(shown)
-                and all(isinstance(v, str) and "\0" not in k + v and "=" not in k
-                        for k, v in shown.items())
-                and len("\0".join(f"{k}={v}" for k, v in shown.items()).encode())
-                <= len(f"{TAG_ENV}={TAG_SLOT}".encode())):
+        data = proc_environ_bytes(shown)
+        if data is None or len(data) > self.slot_len or self.own_names & set(shown):
             return "this server cannot show these entries in its children's environment"
         return None
 
@@ -235,19 +249,19 @@ class Server:
             _child(conn, lst, req)
         now = time.monotonic()
         timeout = req.get("timeout_s")
-        self.running[pid] = (conn, now + float(timeout) if timeout else None, now,
-                             f"{req['stage']} {req['spec']}",
-                             str((req.get("proc_env") or {}).get(TAG_ENV) or ""))
+        self.running[pid] = _Running(conn, now + float(timeout) if timeout else None, now,
+                                     req["stage"], str(req["spec"]),
+                                     (req.get("proc_env") or {}).get(TAG_ENV, ""))
         with contextlib.suppress(OSError):
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
 
     def _answer(self, pid: int, rc: int, timed_out: bool = False) -> None:
-        conn, _deadline, started, what, _tag = self.running.pop(pid)
-        print(f"{what.split(' ', 1)[0]} {pid} rc {rc}{' (timed out)' if timed_out else ''} "
-              f"{time.monotonic() - started:.2f} s {what.split(' ', 1)[1]}", flush=True)
+        child = self.running.pop(pid)
+        print(f"{child.stage} {pid} rc {rc}{' (timed out)' if timed_out else ''} "
+              f"{time.monotonic() - child.started:.2f} s {child.spec}", flush=True)
         with contextlib.suppress(OSError):
-            conn.sendall(json.dumps({"rc": rc, "timed_out": timed_out}).encode() + b"\n")
-        conn.close()
+            child.conn.sendall(json.dumps({"rc": rc, "timed_out": timed_out}).encode() + b"\n")
+        child.conn.close()
 
     def reap(self) -> None:
         while self.running:
@@ -262,8 +276,8 @@ class Server:
 
     def expire(self) -> None:
         now = time.monotonic()
-        for pid, (_conn, deadline, *_) in list(self.running.items()):
-            if deadline is not None and now > deadline:
+        for pid, child in list(self.running.items()):
+            if child.deadline is not None and now > child.deadline:
                 signal_group(pid, signal.SIGKILL)
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
