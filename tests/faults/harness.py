@@ -264,7 +264,9 @@ class FaultStack:
             attempts[j] = self.job(j)["attempt"]
         not_once = {j: e for j, e in ends.items()
                     if e != (["failed", "succeeded"] if j in retried else ["succeeded"])}
-        assert not not_once, f"jobs that did not end exactly once, succeeded: {not_once}"
+        assert not not_once, (
+            f"{fault}: jobs that did not end exactly once, succeeded: {not_once}; "
+            f"their errors: {[self.job(j).get('error') for j in not_once]}")
         per_job = dict(self.sampler.max_per_job)
         assert max(per_job.values(), default=0) <= 1, \
             f"two stage processes for one job: {self.sampler.doubles}"

@@ -4,10 +4,11 @@ declared `--gpus 0,1`) and CPU probes run and more are submitted. Each fault is 
 the checks of tests/faults/harness.py (ends once, never two stage processes for one job, no
 lease leaked, recovery < 60 s, 503 with the error object while the DB is down).
 
-The default suite runs every fault briefly (4 s) on one deployment with stale_after_s=6 (a
-supervisor then rides out 9 s); the `slow` variants hold each fault 20 s with the production
-setting stale_after_s=20 (it rides out 30 s), each on a fresh deployment. A full disk:
-test_disk_full.py. DRAFTYARD_FAULT_TABLE=file.jsonl collects one row per fault.
+The default suite runs every fault briefly (4 s) on one deployment with stale_after_s=10 (a
+supervisor then rides out 15 s: PostgreSQL's own stop and start add seconds to a 4-s outage
+on a loaded machine, and CI once saw a job give up at 9 s); the `slow` variants hold each
+fault 20 s with the production setting stale_after_s=20 (it rides out 30 s), each on a fresh
+deployment. A full disk: test_disk_full.py. DRAFTYARD_FAULT_TABLE=file.jsonl collects one row per fault.
 """
 
 from __future__ import annotations
@@ -43,15 +44,20 @@ def _end_load(load: dict) -> dict:
 
 def db_down(fs: FaultStack, down_s: float) -> dict:
     long = fs.start_long(2, 1, down_s + 2)
+    t_down = time.monotonic()
     fs.pg.stop()  # fast shutdown: every connection cut
     load = _during(fs, down_s)
     seen = _end_load(load)
     fs.pg.start()
     t_end = time.monotonic()
+    # What the supervisors ride out is the fault plus PostgreSQL's own stop and start, which
+    # take seconds on a loaded machine: it is in the row, and in the message if a job gave up.
+    outage = t_end - t_down
     assert seen["http"].get(503) and set(seen["http"]) == {503}, seen  # every answer
     assert not seen["bad_bodies"], seen
     assert set(seen["error_codes"]) == {"database_unavailable"}, seen
-    row = fs.check(f"PostgreSQL down {down_s:.0f}s", recovery_s=fs.canary(t_end), http_down=seen)
+    row = fs.check(f"PostgreSQL down {down_s:.0f}s (outage {outage:.1f}s)",
+                   recovery_s=fs.canary(t_end), http_down=seen)
     # Ridden out: the stages kept running, nothing was requeued, nothing ran a second time.
     assert all(fs.job(j)["attempt"] == 1 for j in long), [fs.job(j) for j in long]
     return row
@@ -116,7 +122,7 @@ def worker_restarted(fs: FaultStack, down_s: float) -> dict:
 
 @pytest.fixture
 def short_stack():
-    fs = FaultStack(stale_s=6).up()
+    fs = FaultStack(stale_s=10).up()
     try:
         yield fs
     finally:
