@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -63,6 +64,15 @@ def _served(log: Path) -> list[str]:
         if log.exists() else []
 
 
+def _same(a: list[dict], b: list[dict]) -> bool:
+    """The same checks, but for the free space the disk check reads (other tests and
+    processes write to the same disk between two plans)."""
+    def key(checks):
+        return [{**c, "message": re.sub(r"[\d.]+ \w+ free", "N free", c["message"])}
+                if c.get("name") == "disk" else c for c in checks]
+    return key(a) == key(b)
+
+
 def test_plans_are_forked_warm_and_a_dead_server_costs_no_plan(api, worker, target, home):
     port = api.url.rsplit(":", 1)[1]
     log = _HOME / "plans" / "server.log"
@@ -76,13 +86,13 @@ def test_plans_are_forked_warm_and_a_dead_server_costs_no_plan(api, worker, targ
     # The same server forked this plan too: one more line in its log, and the same plan.
     assert _plan_servers(port) == [server]
     assert len(_served(log)) == before + 1, _served(log)[-3:]
-    assert again["checks"] == first["checks"] and again["ok"] == first["ok"]
+    assert _same(again["checks"], first["checks"]) and again["ok"] == first["ok"]
 
     os.kill(server, signal.SIGKILL)
     wait_for(lambda: _gone(server), 10, 0.05, "the server to be gone")
     r = api.post("/v1/plans", body, timeout=180)
     assert r.status_code == 200, r.text
-    assert r.json()["checks"] == first["checks"]
+    assert _same(r.json()["checks"], first["checks"])
     (new,) = _plan_servers(port)
     assert new != server
 
