@@ -52,11 +52,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench._common import REDIS_DB  # noqa: E402
 from bench._scale_data import write_sources  # noqa: E402
 from bench._scale_measure import (TreeRss, db_counts, fmt_n, k_between, k_fit,  # noqa: E402
                                   print_table)
 
-REDIS_DB = 15
 DATA_STAGES = ("ingest", "mix", "plan", "prepare")
 STREAMING = ("ingest", "mix", "prepare")
 

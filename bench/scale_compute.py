@@ -41,11 +41,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench._common import REDIS_DB  # noqa: E402
 from bench._scale_measure import (TreeRss, db_counts, fmt_n, k_between, k_fit,  # noqa: E402
                                   print_table)
 from bench.scale import _job_wall  # noqa: E402
 
-REDIS_DB = 15
 STAGES = ("split", "generate", "prepare", "extract", "train", "evaluate")
 VERBS = ("Write a function that", "Explain how to", "Show a Python class that",
          "Fix the bug in code that", "Write a test for a function that")

@@ -33,9 +33,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench._common import REDIS_DB  # noqa: E402
+
 from tests.service.stack import Stack  # noqa: E402
 
-REDIS_DB = 15
 STATUSES = ["succeeded"] * 6 + ["failed", "cancelled", "queued", "pending", "running"]
 TYPES = ["ingest", "mix", "prepare", "generate", "extract", "train", "evaluate", "probe"]
 

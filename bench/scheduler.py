@@ -41,9 +41,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench._common import REDIS_DB  # noqa: E402
+
 from tests.service.stack import Stack  # noqa: E402
 
-REDIS_DB = 15  # the tests use 1-14
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -29,6 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench._common import REDIS_DB  # noqa: E402
+
 from tests.service.stack import Stack  # noqa: E402
 from tests.stages.test_plan_time import SEEDS_CONFIG  # noqa: E402
 
@@ -78,7 +80,7 @@ def main() -> None:
         for i in range(a.records):
             f.write(json.dumps({"prompt": " ".join(rng.choice(WORDS) for _ in
                                                    range(rng.randint(8, 120))) + f" ({i})"}) + "\n")
-    stack = Stack("seeds", 15, {"DRAFTYARD_DATA_ROOTS": str(data),
+    stack = Stack("seeds", REDIS_DB, {"DRAFTYARD_DATA_ROOTS": str(data),
                                 "DRAFTYARD_MODEL_ROOTS": str(models)})
     out = {}
     try:
