@@ -8,9 +8,8 @@ import uuid
 from contextlib import contextmanager
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-# The Redis database of a bench's own deployment (the tests use 0-14). Two benches running at
-# once would share its queues: give the second another one (DRAFTYARD_BENCH_REDIS_DB=13, say,
-# while no test suite runs).
+# The Redis database of a bench's own deployment (the tests use 0-12). Two benches running at
+# once would share its queues: give the second another one (DRAFTYARD_BENCH_REDIS_DB=13 or 14).
 REDIS_DB = int(os.environ.get("DRAFTYARD_BENCH_REDIS_DB", "15"))
 
 
