@@ -23,7 +23,11 @@ wall time (cost ~ N^k) from the previous size; the JSON line carries the least-s
 all sizes. evaluate's work is fixed (8 prompts), so its k says whether anything in it grows
 with the training set. Targets: k <= 1.1 per stage; events per job bounded (<= 1 per second of
 its wall + 20, besides its metric rows, which workers/supervisor.py spaces by elapsed time /
-METRIC_EVENTS); peak RSS of generate and extract grows <= 1.25x over the sizes.
+METRIC_EVENTS); peak RSS of generate and extract grows <= 1.25x over the sizes. And the
+plan's estimate of each stage (`POST /v1/plans` of the same body at every N), calibrated by one
+fixed start-up plus a factor per stage fitted at the smaller sizes, as a deployment
+calibrates its DRAFTYARD_PLAN_RATES, against the measured wall at the largest (worst error,
+target <= 25%).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -117,6 +123,8 @@ class RunMeasure:
 
 
 WARMUP_N = 32
+CPU_RATES = {"gpu": "bench: a 2-core CPU", "gpu_peak_tflops": 0.01,
+             "prepare_tokens_per_s_per_core": 1e4}
 
 
 def measure_size(c, m: RunMeasure, target_id: str, data_root: Path, n: int, seed: int,
@@ -125,9 +133,18 @@ def measure_size(c, m: RunMeasure, target_id: str, data_root: Path, n: int, seed
     f = data_root / f"prompts-{n}.jsonl"
     f.write_text(prompts(n, seed))
     ds = c.wait_dataset(c.add_dataset(f"prompts-{n}", str(f))["id"], timeout=600)
+    # The plan of each run body first, as a team would ask before running it: its per-stage
+    # wall estimate goes beside what the stage then took (report(): estimate vs measured).
+    est = {mode: {e["stage"]: e["wall_hours"] * 3600.0
+                  for e in (c.plan(body(target_id, ds["id"], n, mode), timeout=600)
+                            .get("time_estimates") or {}).get("stages", [])}
+           for mode in ("offline", "online")}
     t0 = time.perf_counter()
     new = m.run(body(target_id, ds["id"], n, "offline"), n, "offline")
     new += m.run(body(target_id, ds["id"], n, "online"), n, "online")
+    for r in new:
+        stage, _, mode = r["stage"].partition(":")
+        r["plan_s"] = est[mode or "offline"].get(stage)
     for r in new:
         prev = [x for x in earlier if x["stage"] == r["stage"]]
         if prev:
@@ -155,7 +172,10 @@ def main() -> None:
     data_root.mkdir(parents=True)
     shutil.copytree(cached_demo_target(), model_root / "demo-target")
     settings = {"DRAFTYARD_CPU_SLOTS": "2", "DRAFTYARD_DATA_ROOTS": str(data_root),
-                "DRAFTYARD_MODEL_ROOTS": str(model_root)}
+                "DRAFTYARD_MODEL_ROOTS": str(model_root),
+                # Rates of the order of this CPU's, so that the plan's estimates of a tiny
+                # target are not rounded to 0.0000 h; plan_vs_measured calibrates them.
+                "DRAFTYARD_PLAN_RATES": json.dumps(CPU_RATES)}
     rows: list[dict] = []
     try:
         with running("compute", REDIS_DB, settings, workers={"c1": None}) as stack:
@@ -195,6 +215,7 @@ def report(rows: list[dict], sizes: list[int]) -> None:
             out.append({"bench": "scale_compute", "metric": f"{stage}_rss_growth",
                         "value": round(rs[-1]["rss_mb"], 1), "baseline": round(rs[0]["rss_mb"], 1),
                         "ratio": round(g, 3), "target": 1.25, "pass": g <= 1.25})
+    out += plan_vs_measured(rows, sizes)
     # Metric rows (the loss curve) have their own bound: every one until the spacing grows
     # with the elapsed time (workers/supervisor.py METRIC_EVENTS); the rest, <= 1/s + 20.
     worst = max(r["events"] - r["metric_rows"] - (r["wall_s"] + 20) for r in rows) if rows \
@@ -202,6 +223,48 @@ def report(rows: list[dict], sizes: list[int]) -> None:
     out.append({"bench": "scale_compute", "metric": "events_per_job_over_bound",
                 "value": worst, "baseline": 0, "ratio": None, "target": 0, "pass": worst <= 0})
     print(json.dumps(out))
+
+
+def plan_vs_measured(rows: list[dict], sizes: list[int]) -> list[dict]:
+    """The plan's estimates against the measured walls, as a team would use them: measure
+    small runs, calibrate, plan the big one (DRAFTYARD_PLAN_RATES). Per stage, measured =
+    fixed + factor x estimate, fitted on the smaller sizes (the factor alone with two sizes),
+    predicts the largest; its error says whether the plan's cost model (linear in the records
+    and tokens it names, constant for evaluate) predicts how the stage grows. `fixed` is what
+    the plan does not model: a job's start-up and model load, seconds, which only a tiny job
+    notices."""
+    if len(sizes) < 2:
+        return []
+    fit_at = sizes[:-1] if len(sizes) >= 3 else sizes[:1]
+    print(f"\nplan vs measured (fitted at {', '.join(map(fmt_n, fit_at))}; "
+          f"predicted = fixed + factor x plan):")
+    print(f"{'stage':<18} {'N':>5} {'plan s':>10} {'fixed s':>8} {'predicted s':>12} "
+          f"{'measured s':>11} {'error':>7}")
+    worst = 0.0
+    for stage in dict.fromkeys(r["stage"] for r in rows):
+        pts = [r for r in rows if r["stage"] == stage and r.get("plan_s")]
+        fit = [r for r in pts if r["n"] in fit_at]
+        if not fit or len(pts) < 2:
+            continue
+        xs, ys = [r["plan_s"] for r in fit], [r["wall_s"] for r in fit]
+        if len(fit) >= 2 and max(xs) > min(xs) * 1.01:
+            factor, fixed = (float(v) for v in np.polyfit(xs, ys, 1))
+            fixed = max(fixed, 0.0)
+            if fixed == 0.0:
+                factor = sum(ys) / sum(xs)
+        else:  # one size, or a constant estimate (evaluate): the factor alone
+            factor, fixed = sum(ys) / sum(xs), 0.0
+        for r in pts:
+            pred = fixed + factor * r["plan_s"]
+            err = (pred - r["wall_s"]) / r["wall_s"]
+            if r["n"] == sizes[-1]:
+                worst = max(worst, abs(err))
+            print(f"{stage:<18} {fmt_n(r['n']):>5} {r['plan_s']:>10.4g} {fixed:>8.1f} "
+                  f"{pred:>12.1f} {r['wall_s']:>11.1f} {err:>+7.0%}"
+                  f"{'' if r['n'] in fit_at else '  <- predicted'}")
+    return [{"bench": "scale_compute", "metric": f"plan_estimate_error_{fmt_n(sizes[-1])}",
+             "value": round(worst, 3), "baseline": None, "ratio": None, "target": 0.25,
+             "pass": worst <= 0.25, "fitted_at": fit_at}]
 
 
 if __name__ == "__main__":
