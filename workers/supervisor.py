@@ -18,6 +18,7 @@ of the same job left."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -343,7 +344,14 @@ class Supervisor:
                 # The last events were read by the pump above (after the exit), committed.
                 return StageOutcome(rc, cancel_at is not None and not preempted, self.error,
                                     self.result, self.artifacts, preempted=preempted)
-            time.sleep(0.1 if cancel_at else 0.25)
+            self._wait_exit(0.1 if cancel_at else 0.25)
+
+    def _wait_exit(self, seconds: float) -> None:
+        """Sleep between two rounds of the watch loop, waking at once when the stage exits:
+        a short job is then recorded as finished when it is, not up to a round later."""
+        assert self.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=seconds)
 
     def _pump_events(self, heartbeat: bool, final: bool = False) -> str | None:
         """Read new event lines into the DB; heartbeat; return the job's current status. The
