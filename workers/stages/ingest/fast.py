@@ -163,13 +163,16 @@ def _other(mask: np.ndarray | None, n: int) -> np.ndarray:
 # -- messages from parts ----------------------------------------------------------------------
 class Part:
     """Messages of one kind for some records: `rows` (record index of each message, in
-    order), their role codes and contents."""
+    order), their role codes, and their contents: `content[at]` (all of `content` when `at`
+    is None). Taking by index from the whole column spares a filtered copy of it."""
 
-    def __init__(self, rows: np.ndarray, roles: np.ndarray | int, content: pa.Array):
+    def __init__(self, rows: np.ndarray, roles: np.ndarray | int, content: pa.Array,
+                 at: np.ndarray | None = None):
         self.rows = rows
         self.roles = (np.full(len(rows), roles, np.int8) if isinstance(roles, int)
                       else roles.astype(np.int8))
         self.content = content
+        self.at = np.arange(len(content)) if at is None else at
 
 
 def _messages(n: int, parts: Sequence[Part]) -> pa.Array:
@@ -178,7 +181,11 @@ def _messages(n: int, parts: Sequence[Part]) -> pa.Array:
     rows = np.concatenate([p.rows for p in parts])
     order = np.argsort(rows, kind="stable")
     roles = np.concatenate([p.roles for p in parts])[order]
-    content = pa.chunked_array([p.content for p in parts], _STR).take(pa.array(order)).combine_chunks()
+    base = np.cumsum([0] + [len(p.content) for p in parts[:-1]])
+    at = np.concatenate([p.at + b for p, b in zip(parts, base)])[order]
+    source = (parts[0].content if len(parts) == 1 else
+              pa.concat_arrays([p.content for p in parts]))
+    content = source.take(pa.array(at))
     role = _ROLES.take(pa.array(roles))
     m = len(rows)
     none = pa.nulls(m, _STR)
@@ -235,10 +242,10 @@ def _single_turn(rows: Rows, prompt: tuple, answer: tuple, system: tuple | None,
     parts = []
     if system is not None:
         has_s &= ok
-        parts.append(Part(index[has_s], SYSTEM, _select(s, has_s)))
-    parts.append(Part(index[ok], USER, _select(p, ok)))
+        parts.append(Part(index[has_s], SYSTEM, s, np.flatnonzero(has_s)))
+    parts.append(Part(index[ok], USER, p, np.flatnonzero(ok)))
     has_a &= ok
-    parts.append(Part(index[has_a], ASSISTANT, _select(a, has_a)))
+    parts.append(Part(index[has_a], ASSISTANT, a, np.flatnonzero(has_a)))
     return ok, _select(ids, ok), _messages(int(index[-1]) + 1, parts)
 
 
@@ -341,8 +348,9 @@ def _conversation(rows: Rows, key: str, plain: Callable[[Any, int], Turn],
     parts = []
     if system is not None:
         has_s = _valid(s) & ~_blank(s) & ok
-        parts.append(Part(index[has_s], SYSTEM, _select(s, has_s)))
-    parts.append(Part(index[rec_a[keep_turn]], code_a[keep_turn], _select(content, keep_turn)))
+        parts.append(Part(index[has_s], SYSTEM, s, np.flatnonzero(has_s)))
+    parts.append(Part(index[rec_a[keep_turn]], code_a[keep_turn], content,
+                      np.flatnonzero(keep_turn)))
     return ok, _select(ids, ok), _messages(int(index[-1]) + 1, parts)
 
 
