@@ -326,16 +326,6 @@ def test_parquet_sources_give_the_same_dataset(tmp_path):
 
 
 # -- the pieces --------------------------------------------------------------------------------
-def test_whitespace_is_what_str_isspace_says():
-    assert set(fast.WHITESPACE) == {c for c in map(chr, range(0x110000)) if c.isspace()}
-    rng = random.Random(5)
-    ws = fast.WHITESPACE
-    vals = ["", "x", " x ", *ws, *[x + "y" for x in ws]] + [
-        "".join(rng.choice(ws + "ab") for _ in range(rng.randint(1, 6))) for _ in range(2000)]
-    got = fast._blank(pa.array(vals, pa.string())).tolist()
-    assert got == [not v or v.isspace() for v in vals]
-
-
 def test_vectorized_unique_ids_match_one_by_one():
     rng = random.Random(2)
     for bits in (1 << 10, 1 << 14, 1 << 27):  # small filters: many false positives too

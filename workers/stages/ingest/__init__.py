@@ -339,9 +339,14 @@ class _Records:
     def run(self, fmt: str, mapper, rows: fast.Rows, lines: np.ndarray, item) -> None:
         """A run of input records with the same keys (fast.py): the clean ones as columns,
         the others one by one (`item(k)` is the k-th record for `one()`), in input order."""
-        ok, ids, messages = mapper(rows)
-        line_arr = pa.array(lines)
+        built = mapper(rows)
+        ok = built.ok
         bad = np.flatnonzero(~ok)
+        if len(bad) == rows.n:
+            ids = messages = pa.nulls(0)
+        else:
+            ids, messages = built.id_array(), built.messages()
+        line_arr = pa.array(lines)
         start = done = 0
         for b in (*bad.tolist(), rows.n):
             if b > start:

@@ -1,85 +1,60 @@
-"""The vectorized path of ingest: the flat formats' records built column-wise with Arrow.
+"""The fast path of ingest: the flat formats' records built column-wise, one Arrow conversion
+per block instead of one nested conversion per record.
 
 A run of input records that share one key set (consecutive JSON objects with the same keys, or
 the rows of one Parquet batch) has one format (`formats.detect_one` reads keys only, up to the
-formats mapped here). Its mapper takes the run's columns and gives back, per record, whether
-the per-line normalizer would turn it into one plain record, and the records of those that it
-would: `(own_id | None, messages)` as Arrow columns. Everything the normalizers treat specially
-(a wrong type, a null where a field is required, an empty prompt or answer turn, think tags,
-history, tools, roles other than user/assistant/system, content parts...) marks its record as
-not clean, and ingest sends that record through the per-line path instead, so rejects, their
-lines and reasons, and every record the normalizers build specially stay theirs.
+formats mapped here). Its mapper reads the run's columns and gives back, per record, whether
+the per-line normalizer would turn it into plain messages (role and content only), and the
+messages of those records, flattened: every content in order, their roles, a count per
+record. One `pyarrow.array` of the contents then makes the `messages` column of the whole run
+(the per-line path converts nested message tuples record by record, a quarter of its time).
 
-Mapped: Alpaca and Evol-CodeAlpaca, OpenOrca, Magicoder (single-turn `_single_turn` shapes),
+Everything a normalizer treats specially marks its record as not clean, and ingest sends that
+record through the per-line path instead, so rejects, their lines and reasons, and every record
+built specially stay the normalizers': a value of another type (content parts, numbers), a
+missing prompt, an empty user or assistant turn, think tags in an answer, Alpaca's `history`,
+`tools`, a turn with more keys than role and content, roles other than user, assistant and
+system. The checks are the normalizers' own (`str.isspace`, `"</think>" in`).
+
+Mapped: Alpaca and Evol-CodeAlpaca, OpenOrca, Magicoder (`formats._single_turn` shapes),
 ShareGPT and LIMA (`conversations` as `{"from", "value"}` turns or as strings) and OpenAI
-`messages` of plain `{"role", "content"}` turns. The rest (OpenAssistant, UltraChat, bare
-prompts) is per line.
+`messages`. The rest (OpenAssistant, UltraChat, bare prompts) is per line.
 
-`ENABLED` turns the path off (tests compare both paths' outputs byte for byte, field for field).
+`ENABLED` turns the path off (tests/stages/test_ingest_fast.py compares both paths' outputs).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from workers.stages.ingest import formats as F
 from workers.stages.ingest.messages import own_id
 from workers.stages.records import MESSAGE_TYPE
 
 ENABLED = True
-MIN_RUN = 8  # shorter runs of one key set go per line: their Arrow set-up costs more
-
-_STR = pa.string()
-# Every character Python's str.isspace() accepts (tests/stages/test_ingest_fast.py checks the
-# set against all of Unicode): a field is blank for the normalizers when it is "" or made of
-# these only, and RE2 matches the same set.
-WHITESPACE = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004"
-              "\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
-_BLANK_RE = "^[" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE) + "]*$"
+MIN_RUN = 8  # shorter runs of one key set go per line: their set-up costs more than it saves
 
 SYSTEM, USER, ASSISTANT = 0, 1, 2
 _ROLE_NAMES = ("system", "user", "assistant")
-_ROLES = pa.array(_ROLE_NAMES, _STR)
-# ShareGPT speakers the plain path maps to these roles (formats.SHAREGPT_ROLES, also lowered)
+# ShareGPT speakers the per-line path maps to these roles (formats.SHAREGPT_ROLES, also lowered)
 _SHAREGPT_CODES = {k: _ROLE_NAMES.index(v) for k, v in F.SHAREGPT_ROLES.items()
                    if v in _ROLE_NAMES}
 _OPENAI_CODES = {"system": SYSTEM, "developer": SYSTEM, "user": USER, "assistant": ASSISTANT}
 
 
 class Rows:
-    """One run of records with the same keys: a column's values as strings or as Python
-    objects. A key the run lacks reads as all null (what `dict.get` gives)."""
+    """One run of records with the same keys, read column by column as Python values; a key
+    the run lacks reads as None (what `dict.get` gives)."""
 
     n: int
     keys: frozenset
 
-    def py(self, key: str) -> list:
+    def col(self, key: str) -> list:
         raise NotImplementedError
-
-    def _arrow(self, key: str) -> pa.Array | None:
-        return None
-
-    def strings(self, key: str) -> tuple[pa.Array, np.ndarray | None]:
-        """(string array, null where the value is None or another type; mask of the records
-        whose value is neither a string nor None, or None when there is none)."""
-        if key not in self.keys:
-            return pa.nulls(self.n, _STR), None
-        arr = self._arrow(key)
-        if arr is not None:
-            return arr, None
-        vals = self.py(key)
-        try:
-            return pa.array(vals, _STR), None
-        except (pa.ArrowTypeError, pa.ArrowInvalid):
-            other = np.fromiter((v is not None and type(v) is not str for v in vals), bool,
-                                len(vals))
-            return pa.array([v if type(v) is str else None for v in vals], _STR), other
 
 
 class DictRows(Rows):
@@ -90,35 +65,25 @@ class DictRows(Rows):
         self.n = len(objs)
         self.keys = frozenset(objs[0])
 
-    def py(self, key: str) -> list:
+    def col(self, key: str) -> list:
         if key not in self.keys:
             return [None] * self.n
         return [o[key] for o in self.objs]
 
 
 class BatchRows(Rows):
-    """A Parquet record batch: its rows are `batch.to_pylist()` for the per-line path, so
-    every column is a key of every row."""
+    """A Parquet record batch: the per-line path gets its rows as `batch.to_pylist()`, so
+    every column is a key of every row, with the values `to_pylist` gives."""
 
     def __init__(self, batch: pa.RecordBatch):
         self.batch = batch
         self.n = batch.num_rows
         self.keys = frozenset(batch.schema.names)
 
-    def py(self, key: str) -> list:
+    def col(self, key: str) -> list:
         if key not in self.keys:
             return [None] * self.n
         return self.batch.column(key).to_pylist()
-
-    def _arrow(self, key: str) -> pa.Array | None:
-        col = self.batch.column(key)
-        t = col.type
-        if t == _STR:
-            return col
-        if pa.types.is_large_string(t) or pa.types.is_string_view(t) or (
-                pa.types.is_dictionary(t) and pa.types.is_string(t.value_type)):
-            return col.cast(_STR)
-        return None
 
 
 def batch_keys_ok(batch: pa.RecordBatch) -> bool:
@@ -126,232 +91,166 @@ def batch_keys_ok(batch: pa.RecordBatch) -> bool:
     return len(set(names)) == len(names)
 
 
-# -- vectorized checks ------------------------------------------------------------------------
-def _np(arr: pa.Array) -> np.ndarray:
-    return arr.to_numpy(zero_copy_only=False)
+class Built:
+    """The clean records of a run: `ok` per input record; for the clean ones in order, their
+    own ids and their messages flattened (contents, role codes, a count per record)."""
+
+    def __init__(self, n: int):
+        self.ok = np.ones(n, bool)
+        self.ids: list = []
+        self.contents: list[str] = []
+        self.roles: list[int] = []
+        self.counts: list[int] = []
+
+    def messages(self) -> pa.Array:
+        """The `messages` column (records.MESSAGE_TYPE lists) of the clean records."""
+        m = len(self.contents)
+        content = pa.array(self.contents, pa.string())
+        role = _ROLES.take(pa.array(np.array(self.roles, np.int8)))
+        none = pa.nulls(m, pa.string())
+        struct = pa.StructArray.from_arrays([role, content, none, none, none, none],
+                                            fields=list(MESSAGE_TYPE))
+        offsets = np.zeros(len(self.counts) + 1, np.int32)
+        np.cumsum(self.counts, out=offsets[1:])
+        return pa.ListArray.from_arrays(pa.array(offsets), struct)
+
+    def id_array(self) -> pa.Array:
+        return pa.array(self.ids, pa.string())
 
 
-def _valid(arr: pa.Array) -> np.ndarray:
-    return _np(arr.is_valid())
+_ROLES = pa.array(_ROLE_NAMES, pa.string())
 
 
-def _blank(arr: pa.Array) -> np.ndarray:
-    """Blank for the normalizers (`not s or s.isspace()`); null counts as not blank."""
-    return _np(pc.fill_null(pc.match_substring_regex(arr, _BLANK_RE), False))
+def _ids(rows: Rows, key: str = "id", alt: str | None = None) -> list:
+    """`messages.own_id` of `obj.get(key)` (of `obj.get(alt)` where that is None)."""
+    vals = rows.col(key)
+    if alt is not None and alt in rows.keys:
+        vals = [v if v is not None else a for v, a in zip(vals, rows.col(alt))]
+    return [v if type(v) is str and v else own_id(v) for v in vals]
 
 
-_THINK = re.compile(b"</think>")
-
-
-def _has_think(arr: pa.Array) -> np.ndarray:
-    """Records with think tags. Most runs have none anywhere: one search of the string
-    bytes (a superset of the values') settles it; per value only when it finds one."""
-    data = arr.buffers()[2]
-    if data is None or _THINK.search(memoryview(data)) is None:
-        return np.zeros(len(arr), bool)
-    return _np(pc.fill_null(pc.match_substring(arr, "</think>"), False))
-
-
-def _select(arr: pa.Array, mask: np.ndarray) -> pa.Array:
-    return arr if mask.all() else arr.filter(pa.array(mask))
-
-
-def _other(mask: np.ndarray | None, n: int) -> np.ndarray:
-    return np.zeros(n, bool) if mask is None else mask
-
-
-# -- messages from parts ----------------------------------------------------------------------
-class Part:
-    """Messages of one kind for some records: `rows` (record index of each message, in
-    order), their role codes, and their contents: `content[at]` (all of `content` when `at`
-    is None). Taking by index from the whole column spares a filtered copy of it."""
-
-    def __init__(self, rows: np.ndarray, roles: np.ndarray | int, content: pa.Array,
-                 at: np.ndarray | None = None):
-        self.rows = rows
-        self.roles = (np.full(len(rows), roles, np.int8) if isinstance(roles, int)
-                      else roles.astype(np.int8))
-        self.content = content
-        self.at = np.arange(len(content)) if at is None else at
-
-
-def _messages(n: int, parts: Sequence[Part]) -> pa.Array:
-    """list<message> for records 0..n-1: each record's messages are its entries of the parts,
-    part by part in the order given, in entry order within a part."""
-    rows = np.concatenate([p.rows for p in parts])
-    order = np.argsort(rows, kind="stable")
-    roles = np.concatenate([p.roles for p in parts])[order]
-    base = np.cumsum([0] + [len(p.content) for p in parts[:-1]])
-    at = np.concatenate([p.at + b for p, b in zip(parts, base)])[order]
-    source = (parts[0].content if len(parts) == 1 else
-              pa.concat_arrays([p.content for p in parts]))
-    content = source.take(pa.array(at))
-    role = _ROLES.take(pa.array(roles))
-    m = len(rows)
-    none = pa.nulls(m, _STR)
-    struct = pa.StructArray.from_arrays([role, content, none, none, none, none],
-                                        fields=list(MESSAGE_TYPE))
-    offsets = np.zeros(n + 1, np.int32)
-    np.cumsum(np.bincount(rows, minlength=n), out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), struct)
-
-
-# -- ids --------------------------------------------------------------------------------------
-def _own_ids(rows: Rows, key: str, alt: str | None = None) -> pa.Array:
-    """`messages.own_id(obj.get(key))` (falling back on `alt` where that is None) per record."""
-    arr, other = rows.strings(key)
-    if other is None and (alt is None or alt not in rows.keys or arr.null_count == 0):
-        # strings (or null): own_id is the string, or None for ""
-        return pc.if_else(pc.equal(arr, ""), pa.nulls(len(arr), _STR), arr)
-    vals = rows.py(key)
-    if alt is not None:
-        vals = [v if v is not None else a for v, a in zip(vals, rows.py(alt))]
-    return pa.array([own_id(v) for v in vals], _STR)
-
-
-def _truthy(rows: Rows, key: str) -> np.ndarray:
-    """Records whose value at key is truthy (the normalizers' `if obj.get(key):`)."""
+def _truthy(rows: Rows, key: str) -> list:
     if key not in rows.keys:
-        return np.zeros(rows.n, bool)
-    return np.fromiter((bool(v) for v in rows.py(key)), bool, rows.n)
+        return [False] * rows.n
+    return [bool(v) for v in rows.col(key)]
 
 
-# -- mappers ----------------------------------------------------------------------------------
-Mapped = tuple[np.ndarray, pa.Array, pa.Array]  # (clean mask, own ids, messages) of clean rows
+# -- single-turn formats: [system?, user, assistant?] ------------------------------------------
+def _single_turn(n: int, prompts: list, answers: list, systems: list | None, ids: list,
+                 odd: list | None = None) -> Built:
+    """formats._single_turn per record. A prompt must be a non-blank string (None: NoMatch;
+    another type: content parts or a reject); an answer or a system prompt must be a string
+    or None (blank ones are left out), an answer without think tags."""
+    out = Built(n)
+    ok, out_ids = out.ok, out.ids
+    content, role, count = out.contents.append, out.roles.append, out.counts.append
+    if systems is None:
+        systems = [None] * n
+    if odd is None:
+        odd = [False] * n
+    for k, (p, a, s, skip) in enumerate(zip(prompts, answers, systems, odd)):
+        if skip or type(p) is not str or not p or p.isspace() or (
+                a is not None and (type(a) is not str or "</think>" in a)) or (
+                s is not None and type(s) is not str):
+            ok[k] = False
+            continue
+        c = 1
+        if s and not s.isspace():
+            content(s)
+            role(SYSTEM)
+            c = 2
+        content(p)
+        role(USER)
+        if a and not a.isspace():
+            content(a)
+            role(ASSISTANT)
+            c += 1
+        count(c)
+        out_ids.append(ids[k])
+    return out
 
 
-def _single_turn(rows: Rows, prompt: tuple, answer: tuple, system: tuple | None,
-                 unclean: np.ndarray, ids: pa.Array) -> Mapped:
-    """formats._single_turn over columns: [system?, user, assistant?]. `prompt`, `answer`,
-    `system`: (string array, other-type mask) as `Rows.strings` gives them."""
-    n = rows.n
-    p, p_other = prompt
-    a, a_other = answer
-    bad = unclean | _other(p_other, n) | _other(a_other, n)
-    bad |= ~_valid(p) | _blank(p)            # NoMatch (None) or an empty prompt: rejected
-    has_a = _valid(a) & ~_blank(a)
-    bad |= has_a & _has_think(a)             # think tags: split by messages.assistant
-    if system is not None:
-        s, s_other = system
-        bad |= _other(s_other, n)
-        has_s = _valid(s) & ~_blank(s)
-    ok = ~bad
-    if not ok.any():
-        return ok, pa.nulls(0, _STR), pa.nulls(0, pa.list_(MESSAGE_TYPE))
-    index = np.cumsum(ok) - 1  # a record's index among the clean ones
-    parts = []
-    if system is not None:
-        has_s &= ok
-        parts.append(Part(index[has_s], SYSTEM, s, np.flatnonzero(has_s)))
-    parts.append(Part(index[ok], USER, p, np.flatnonzero(ok)))
-    has_a &= ok
-    parts.append(Part(index[has_a], ASSISTANT, a, np.flatnonzero(has_a)))
-    return ok, _select(ids, ok), _messages(int(index[-1]) + 1, parts)
+def _first(rows: Rows, key: str, other: str) -> list:
+    """`obj.get(key)`, or `obj.get(other)` where that is None."""
+    vals = rows.col(key)
+    if other not in rows.keys:
+        return vals
+    return [v if v is not None else w for v, w in zip(vals, rows.col(other))]
 
 
-def _coalesce(rows: Rows, first: str, second: str) -> tuple[pa.Array, np.ndarray | None]:
-    """`obj.get(first)`, or `obj.get(second)` where that is None."""
-    a, a_other = rows.strings(first)
-    if second not in rows.keys:
-        return a, a_other
-    b, b_other = rows.strings(second)
-    # conservative: a wrong type in either column sends the record per line
-    other = None if a_other is None and b_other is None else (
-        _other(a_other, rows.n) | _other(b_other, rows.n))
-    return pc.coalesce(a, b), other
+def alpaca(rows: Rows) -> Built:
+    """formats.alpaca: the input follows the instruction after a blank line where it is
+    truthy (then both must be strings); `history` sends the record per line."""
+    prompts = rows.col("instruction")
+    odd = _truthy(rows, "history")
+    if "input" in rows.keys:
+        for k, (ins, inp) in enumerate(zip(prompts, rows.col("input"))):
+            if inp:
+                if type(ins) is str and type(inp) is str:
+                    prompts[k] = f"{ins}\n\n{inp}"
+                else:
+                    odd[k] = True
+    return _single_turn(rows.n, prompts, _first(rows, "output", "response"), rows.col("system"),
+                        _ids(rows), odd)
 
 
-def _inputs_joined(rows: Rows) -> tuple[tuple, np.ndarray]:
-    """Alpaca's prompt: `instruction`, then a blank line and `input` where input is truthy."""
-    ins, ins_other = rows.strings("instruction")
-    bad = _other(ins_other, rows.n)
-    if "input" not in rows.keys:
-        return (ins, None), bad
-    inp, inp_other = rows.strings("input")
-    bad |= _other(inp_other, rows.n)
-    joined = pc.binary_join_element_wise(ins, inp, "\n\n")
-    use = pc.fill_null(pc.greater(pc.binary_length(inp), 0), False)
-    return (pc.if_else(use, joined, ins), None), bad
+def openorca(rows: Rows) -> Built:
+    return _single_turn(rows.n, rows.col("question"), _first(rows, "response", "answer"),
+                        rows.col("system_prompt"), _ids(rows))
 
 
-def alpaca(rows: Rows) -> Mapped:
-    prompt, bad = _inputs_joined(rows)
-    bad |= _truthy(rows, "history")
-    return _single_turn(rows, prompt, _coalesce(rows, "output", "response"),
-                        rows.strings("system"), bad, _own_ids(rows, "id"))
+def magicoder(rows: Rows) -> Built:
+    return _single_turn(rows.n, rows.col("problem"), rows.col("solution"), None,
+                        _ids(rows, "id", "index"))
 
 
-def openorca(rows: Rows) -> Mapped:
-    return _single_turn(rows, rows.strings("question"), _coalesce(rows, "response", "answer"),
-                        rows.strings("system_prompt"), np.zeros(rows.n, bool),
-                        _own_ids(rows, "id"))
-
-
-def magicoder(rows: Rows) -> Mapped:
-    return _single_turn(rows, rows.strings("problem"), rows.strings("solution"), None,
-                        np.zeros(rows.n, bool), _own_ids(rows, "id", "index"))
-
-
+# -- conversations ----------------------------------------------------------------------------
 Turn = tuple[int, str] | None  # (role code, content) of a plain turn, None for any other
 
 
-def _turns(rows: Rows, key: str, plain: Callable[[Any, int], Turn],
-           ) -> tuple[np.ndarray, list[int], list[int], list[str]]:
-    """Flatten the turn lists at key: (unclean mask, record index, role code and content of
-    every turn of the other records). `plain(turn, i)` (i from 1) reads one turn; a record
-    with a turn that is not plain, or with no list of turns, goes per line."""
-    bad = np.zeros(rows.n, bool)
-    rec: list[int] = []
-    codes: list[int] = []
-    texts: list[str] = []
-    for r, turns in enumerate(rows.py(key)):
-        if type(turns) is not list or not turns:
-            bad[r] = True
+def _conversation(rows: Rows, convs: list, plain: Callable[[Any, int], Turn],
+                  systems: list | None, odd: list, ids: list) -> Built:
+    """Multi-turn records (formats.sharegpt, formats._openai_messages): a list of plain turns
+    in which no user or assistant turn is blank and no assistant turn has think tags; blank
+    system turns are dropped; a record needs a user or an assistant turn
+    (messages.check_record)."""
+    out = Built(rows.n)
+    ok, contents, roles, counts, out_ids = out.ok, out.contents, out.roles, out.counts, out.ids
+    for k, turns in enumerate(convs):
+        s = systems[k] if systems is not None else None
+        if odd[k] or type(turns) is not list or (s is not None and type(s) is not str):
+            ok[k] = False
             continue
-        got = [plain(t, i) for i, t in enumerate(turns, 1)]
-        if None in got:
-            bad[r] = True
-            continue
-        rec.extend([r] * len(got))
-        for code, text in got:  # type: ignore[misc]
-            codes.append(code)
-            texts.append(text)
-    return bad, rec, codes, texts
-
-
-def _conversation(rows: Rows, key: str, plain: Callable[[Any, int], Turn],
-                  system: tuple | None, unclean: np.ndarray, ids: pa.Array) -> Mapped:
-    """Multi-turn records: a user or assistant turn must not be blank, an assistant turn must
-    have no think tags, a blank system turn is dropped, and a record needs a user or assistant
-    turn (messages.check_record)."""
-    n = rows.n
-    bad, rec, codes, texts = _turns(rows, key, plain)
-    bad |= unclean
-    rec_a = np.array(rec, np.int64)
-    code_a = np.array(codes, np.int8)
-    content = pa.array(texts, _STR)
-    is_sys = code_a == SYSTEM
-    blank = _blank(content)
-    bad_turn = (~is_sys & blank) | ((code_a == ASSISTANT) & _has_think(content))
-    np.logical_or.at(bad, rec_a[bad_turn], True)
-    speaking = np.zeros(n, bool)
-    speaking[rec_a[~is_sys]] = True
-    bad |= ~speaking
-    if system is not None:
-        s, s_other = system
-        bad |= _other(s_other, n)
-    ok = ~bad
-    if not ok.any():
-        return ok, pa.nulls(0, _STR), pa.nulls(0, pa.list_(MESSAGE_TYPE))
-    index = np.cumsum(ok) - 1  # a record's index among the clean ones
-    keep_turn = ok[rec_a] & ~(is_sys & blank)
-    parts = []
-    if system is not None:
-        has_s = _valid(s) & ~_blank(s) & ok
-        parts.append(Part(index[has_s], SYSTEM, s, np.flatnonzero(has_s)))
-    parts.append(Part(index[rec_a[keep_turn]], code_a[keep_turn], content,
-                      np.flatnonzero(keep_turn)))
-    return ok, _select(ids, ok), _messages(int(index[-1]) + 1, parts)
+        got = []
+        speaking = False
+        for i, t in enumerate(turns, 1):
+            turn = plain(t, i)
+            if turn is None:
+                break
+            code, text = turn
+            if code == SYSTEM:
+                if text and not text.isspace():
+                    got.append(turn)
+                continue
+            if not text or text.isspace() or (code == ASSISTANT and "</think>" in text):
+                break
+            speaking = True
+            got.append(turn)
+        else:
+            if speaking:
+                c = 0
+                if s is not None and s and not s.isspace():
+                    contents.append(s)
+                    roles.append(SYSTEM)
+                    c = 1
+                for code, text in got:
+                    contents.append(text)
+                    roles.append(code)
+                counts.append(c + len(got))
+                out_ids.append(ids[k])
+                continue
+        ok[k] = False
+    return out
 
 
 def _sharegpt_turn(t: Any, i: int) -> Turn:
@@ -368,12 +267,12 @@ def _sharegpt_turn(t: Any, i: int) -> Turn:
     return None
 
 
-def sharegpt(rows: Rows) -> Mapped:
+def sharegpt(rows: Rows) -> Built:
     # `conversation` is read where `conversations` is None: such records are not lists of
     # turns here, so they go per line
     key = "conversations" if "conversations" in rows.keys else "conversation"
-    return _conversation(rows, key, _sharegpt_turn, rows.strings("system"),
-                         _truthy(rows, "tools"), _own_ids(rows, "id"))
+    return _conversation(rows, rows.col(key), _sharegpt_turn, rows.col("system"),
+                         _truthy(rows, "tools"), _ids(rows))
 
 
 def _openai_turn(t: Any, i: int) -> Turn:
@@ -386,15 +285,15 @@ def _openai_turn(t: Any, i: int) -> Turn:
     return None
 
 
-def openai(rows: Rows) -> Mapped:
-    return _conversation(rows, "messages", _openai_turn, None, _truthy(rows, "tools"),
-                         _own_ids(rows, "id"))
+def openai(rows: Rows) -> Built:
+    return _conversation(rows, rows.col("messages"), _openai_turn, None, _truthy(rows, "tools"),
+                         _ids(rows))
 
 
-MAPPERS: dict[str, Callable[[Rows], Mapped]] = {
+MAPPERS: dict[str, Callable[[Rows], Built]] = {
     "alpaca": alpaca, "evol_codealpaca": alpaca, "openorca": openorca, "magicoder": magicoder,
     "sharegpt": sharegpt, "openai": openai}
 
 
-def mapper(fmt: str | None) -> Callable[[Rows], Mapped] | None:
+def mapper(fmt: str | None) -> Callable[[Rows], Built] | None:
     return MAPPERS.get(fmt) if ENABLED and fmt is not None else None
