@@ -427,25 +427,29 @@ def _block(recs: _Records, block: list) -> None:
             append(item)
     n = len(objs)
     i = 0
+    one = recs.one
     while i < n:
         obj = objs[i]
-        if type(obj) is dict:
-            f = recs.format_of(obj)
-            mapper = fast.mapper(f)
-            if mapper is not None:
-                keys = obj.keys()
-                j = i + 1
-                while j < n and type(objs[j]) is dict and objs[j].keys() == keys:
-                    j += 1
-                if j - i >= fast.MIN_RUN:
-                    run = objs[i:j]
-                    recs.run(f, mapper, fast.DictRows(run),  # type: ignore[arg-type]
-                             np.fromiter((it[0] for it in block[i:j]), np.int64, j - i),
-                             run.__getitem__)
-                    i = j
-                    continue
-        recs.one(block[i][0], obj)
-        i += 1
+        if type(obj) is not dict:
+            one(block[i][0], obj)
+            i += 1
+            continue
+        keys = obj.keys()
+        j = i + 1
+        while j < n and type(objs[j]) is dict and objs[j].keys() == keys:
+            j += 1
+        # the same keys, the same format (detect_one reads keys, up to the mapped formats)
+        f = recs.format_of(obj)
+        mapper = fast.mapper(f)
+        if mapper is not None and j - i >= fast.MIN_RUN:
+            run = objs[i:j]
+            recs.run(f, mapper, fast.DictRows(run),  # type: ignore[arg-type]
+                     np.fromiter((it[0] for it in block[i:j]), np.int64, j - i),
+                     run.__getitem__)
+        else:
+            for k in range(i, j):
+                one(block[k][0], objs[k])
+        i = j
 
 
 def _batch(recs: _Records, first: int, batch: pa.RecordBatch) -> None:
