@@ -30,7 +30,7 @@ import gc
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain
 from pathlib import Path
 from typing import BinaryIO
@@ -242,9 +242,9 @@ def _read_head(items) -> list:
 
 class _Records:
     """What both paths share: the records batch of the per-line path, the OpenAssistant rows
-    of the tree being read, the per-format counts and the writer. `one()` is the per-line
-    path (parse, pick the normalizer, normalize, batch); `columns()` takes the records of the
-    vectorized path (fast.py), in input order with the per-line ones."""
+    of the tree being read, the per-format counts and the writer. `per_line()` is the
+    per-line path; `columns()` takes the records of the fast path (fast.py), in input order
+    with the per-line ones."""
 
     def __init__(self, fmt: str, params: IngestParams, name: str, writer: ThreadedWriter,
                  rejects: _Rejects) -> None:
@@ -277,54 +277,63 @@ class _Records:
                 self.per_format["oasst_flat"] += 1
                 self.add_records(tline, recs)
 
-    def one(self, line: int, item) -> None:
-        """One input item: raw bytes, a `Bad` reason, or an already decoded value."""
-        rejects = self.rejects
-        if type(item) is bytes:
-            try:
-                obj = orjson.loads(item)
-            except orjson.JSONDecodeError as e:
-                rejects.add(line, _diagnose(item, e))
-                return
-        elif type(item) is Bad:
-            rejects.add(line, item.reason)
-            return
-        else:
-            obj = item
-        if type(obj) is not dict:
-            rejects.add(line, f"not a JSON object (a {type(obj).__name__})")
-            return
-        if self.auto:
-            # Each record by the format its keys show: a file concatenated from several
-            # sources ingests whole (meta["formats"] counts them).
-            f = detect_one(obj)
-            if f is None:
-                rejects.add(line, f"unknown record shape ({shape_hint(obj)})")
-                return
-            norm = NORMALIZERS[f]
-        else:
-            f, norm = self.fmt, self.fixed
-        if f == "oasst_flat":
-            self.finished_trees(self.trees.add(line, obj))
-        else:
-            if self.trees.pending:
-                self.finished_trees(self.trees.flush())
-            try:
-                rec = norm(obj)
-            except Reject as e:
-                rejects.add(line, str(e))
-                return
-            except NoMatch:
-                rejects.add(line, f"record does not match format {self.fmt!r} ({shape_hint(obj)})")
-                return
-            self.per_format[f] += 1
-            if type(rec) is tuple:
-                self.batch.append((line, rec))
+    def per_line(self, items) -> None:
+        """The per-line path over `(line, item)` pairs, an item being raw bytes, a `Bad`
+        reason or an already decoded value: parse, pick the normalizer, normalize, batch.
+        (The hot loop of files the fast path does not take: names are bound locally.)"""
+        auto, fmt, fixed = self.auto, self.fmt, self.fixed
+        per_format, trees, finished_trees = self.per_format, self.trees, self.finished_trees
+        add_reject, batch_rows, writer = self.rejects.add, self.batch_rows, self.writer
+        loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
+        batch = self.batch
+        append = batch.append
+        for line, item in items:
+            if type(item) is bytes:
+                try:
+                    obj = loads(item)
+                except JSONDecodeError as e:
+                    add_reject(line, _diagnose(item, e))
+                    continue
+            elif type(item) is Bad:
+                add_reject(line, item.reason)
+                continue
             else:
-                self.add_records(line, rec)
-        if len(self.batch) >= self.batch_rows:
-            self.writer.submit(self.batch)
-            self.batch = []
+                obj = item
+            if type(obj) is not dict:
+                add_reject(line, f"not a JSON object (a {type(obj).__name__})")
+                continue
+            if auto:
+                # Each record by the format its keys show: a file concatenated from several
+                # sources ingests whole (meta["formats"] counts them).
+                f = detect_one(obj)
+                if f is None:
+                    add_reject(line, f"unknown record shape ({shape_hint(obj)})")
+                    continue
+                norm = NORMALIZERS[f]
+            else:
+                f, norm = fmt, fixed
+            if f == "oasst_flat":
+                finished_trees(trees.add(line, obj))
+            else:
+                if trees.pending:
+                    finished_trees(trees.flush())
+                try:
+                    rec = norm(obj)
+                except Reject as e:
+                    add_reject(line, str(e))
+                    continue
+                except NoMatch:
+                    add_reject(line, f"record does not match format {fmt!r} ({shape_hint(obj)})")
+                    continue
+                per_format[f] += 1
+                if type(rec) is tuple:
+                    append((line, rec))
+                else:
+                    self.add_records(line, rec)
+            if len(batch) >= batch_rows:
+                writer.submit(batch)
+                batch = self.batch = []
+                append = batch.append
 
     def columns(self, fmt: str, lines: pa.Array, ids: pa.Array, messages: pa.Array) -> None:
         """Records of format `fmt` (one per input record) built by fast.py."""
@@ -355,7 +364,7 @@ class _Records:
                              messages.slice(done, k))
                 done += k
             if b < rows.n:
-                self.one(int(lines[b]), item(b))
+                self.per_line(((int(lines[b]), item(b)),))
             start = b + 1
 
     def finish(self) -> tuple[int, Counter, int]:
@@ -378,20 +387,16 @@ def _ingest(items, fmt: str, params: IngestParams, name: str, source: Source,
     RecordBatch)` pairs."""
     recs = _Records(fmt, params, name, writer, rejects)
     if not fast.ENABLED:
-        n_items = 0
-        for line, item in items:
-            n_items += 1
-            if n_items % PROGRESS_EVERY == 0:
-                ctx.progress(source.done(), source.total, source.unit, stage="ingest")
-            recs.one(line, item)
+        for block in _blocks(items, PROGRESS_EVERY):
+            recs.per_line(block)
+            ctx.progress(source.done(), source.total, source.unit, stage="ingest")
     elif source.container == "parquet":
         for first, batch in items:
             _batch(recs, first, batch)
             ctx.progress(source.done(), source.total, source.unit, stage="ingest")
     else:
-        for block in _blocks(items, params.batch_rows):
-            _block(recs, block)
-            ctx.progress(source.done(), source.total, source.unit, stage="ingest")
+        _json_items(recs, items, params.batch_rows, lambda: ctx.progress(
+            source.done(), source.total, source.unit, stage="ingest"))
     return recs.finish()
 
 
@@ -410,46 +415,72 @@ def _blocks(items, rows: int):
         yield block
 
 
+PER_LINE_WINDOW = 64  # records parsed ahead of the per-line path at most (kept in cache)
+RETRY_EVERY = 8  # after blocks without a fast run, only every 8th block looks for runs
+
+
+def _json_items(recs: _Records, items, rows: int, progress: Callable[[], None]) -> None:
+    """JSON items in blocks of up to `rows` records (and about BLOCK_BYTES of JSON). A file
+    whose blocks have no run for the fast path (every record of another shape than the one
+    before, say) goes per line, looking for runs again every RETRY_EVERY blocks."""
+    misses = 0
+    for k, block in enumerate(_blocks(items, rows)):
+        if misses >= 2 and k % RETRY_EVERY:
+            recs.per_line(block)
+        else:
+            before = recs.vectorized
+            _block(recs, block)
+            misses = 0 if recs.vectorized > before else misses + 1
+        progress()
+
+
 def _block(recs: _Records, block: list) -> None:
-    """JSON items: parsed once here; runs of objects with the same keys and a mapped format
-    go to the fast path, the rest one by one (a line that does not parse is handed over as
-    its bytes, so the per-line path diagnoses it)."""
+    """JSON items, parsed here one by one. A run of objects with the same keys (so one format:
+    detect_one reads keys, up to the mapped formats) of at least fast.MIN_RUN records in a
+    mapped format goes to the fast path; the other records go to the per-line path a few at a
+    time, soon after they were parsed (a line that does not parse is handed over as its bytes,
+    so the per-line path diagnoses it)."""
     loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
-    objs: list = []
-    append = objs.append
-    for _line, item in block:
+    min_run = fast.MIN_RUN
+    got: list = []  # (line, parsed object, or the bytes of a line that does not parse)
+    done = start = 0  # handed over: got[:done]; the current run: got[start:]
+    keys = None
+
+    def end_run(stop: int) -> None:
+        nonlocal done
+        if keys is not None and stop - start >= min_run:
+            f = recs.format_of(got[start][1])
+            mapper = fast.mapper(f)
+            if mapper is not None:
+                if done < start:
+                    recs.per_line(got[done:start])
+                run = [obj for _, obj in got[start:stop]]
+                recs.run(f, mapper, fast.DictRows(run),
+                         np.fromiter((line for line, _ in got[start:stop]), np.int64,
+                                     stop - start), run.__getitem__)
+                done = stop
+                return
+        if stop - done >= PER_LINE_WINDOW:
+            recs.per_line(got[done:stop])
+            done = stop
+
+    for i, (line, item) in enumerate(block):
         if type(item) is bytes:
             try:
-                append(loads(item))
+                obj = loads(item)
             except JSONDecodeError:
-                append(item)
+                obj = item
         else:
-            append(item)
-    n = len(objs)
-    i = 0
-    one = recs.one
-    while i < n:
-        obj = objs[i]
-        if type(obj) is not dict:
-            one(block[i][0], obj)
-            i += 1
-            continue
-        keys = obj.keys()
-        j = i + 1
-        while j < n and type(objs[j]) is dict and objs[j].keys() == keys:
-            j += 1
-        # the same keys, the same format (detect_one reads keys, up to the mapped formats)
-        f = recs.format_of(obj)
-        mapper = fast.mapper(f)
-        if mapper is not None and j - i >= fast.MIN_RUN:
-            run = objs[i:j]
-            recs.run(f, mapper, fast.DictRows(run),  # type: ignore[arg-type]
-                     np.fromiter((it[0] for it in block[i:j]), np.int64, j - i),
-                     run.__getitem__)
-        else:
-            for k in range(i, j):
-                one(block[k][0], objs[k])
-        i = j
+            obj = item
+        got.append((line, obj))
+        if keys is None or type(obj) is not dict or obj.keys() != keys:
+            if i - start >= min_run or i - done >= PER_LINE_WINDOW:
+                end_run(i)
+            start = i
+            keys = obj.keys() if type(obj) is dict else None
+    end_run(len(got))
+    if done < len(got):
+        recs.per_line(got[done:])
 
 
 def _batch(recs: _Records, first: int, batch: pa.RecordBatch) -> None:
@@ -459,8 +490,7 @@ def _batch(recs: _Records, first: int, batch: pa.RecordBatch) -> None:
     f = recs.format_of(dict.fromkeys(batch.schema.names))
     mapper = fast.mapper(f)
     if mapper is None or not fast.batch_keys_ok(batch) or batch.nbytes > BLOCK_BYTES:
-        for k, row in enumerate(batch.to_pylist()):
-            recs.one(first + k, row)
+        recs.per_line(enumerate(batch.to_pylist(), first))
         return
     pylist: list | None = None
 
