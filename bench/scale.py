@@ -119,17 +119,19 @@ class Bench:
 
         def go():
             wall = records = nbytes = rejected = 0
+            jobs = {}
             for s in srcs:
                 d = self.c.add_dataset(f"{s.name}-{n}", str(folder / s.file))
                 d = self.c.wait_dataset(d["id"], timeout=7200, poll=0.5)
                 if d["status"] != "ready":
                     raise RuntimeError(f"ingest of {s.file} failed: {d['error']}")
                 ids[s.name] = d["id"]
-                wall += _job_wall(self.c.get_job(d["job_id"]))
+                jobs[s.name] = round(_job_wall(self.c.get_job(d["job_id"])), 3)
+                wall += jobs[s.name]
                 records += d["num_records"]
                 rejected += d["num_rejected"]
                 nbytes += self.art_bytes([d["artifact_id"]])
-            return wall, records, nbytes, {"rejected": rejected}
+            return wall, records, nbytes, {"rejected": rejected, "jobs": jobs}
         return self.measure("ingest", n, go), ids
 
     def mix(self, ids: dict, srcs, n: int) -> tuple[dict, dict]:
@@ -262,8 +264,12 @@ def main() -> None:
     ap.add_argument("--hf-max", type=int, default=800_000, help="HF baseline up to this N")
     ap.add_argument("--prepare-workers", type=int, default=None)
     ap.add_argument("--keep", type=Path, default=None, help="work folder (default: temp)")
+    ap.add_argument("--stages", choices=("all", "ingest"), default="all",
+                    help="ingest: only the ingest jobs (and the HF baseline), no mix, plan, "
+                         "prepare or tokenizer floor")
     a = ap.parse_args()
     sizes = [int(float(x)) for x in a.sizes.split(",") if x]
+    stages = ("ingest",) if a.stages == "ingest" else DATA_STAGES
 
     from draftyard import Client
     from tests.service.stack import Stack
@@ -286,8 +292,9 @@ def main() -> None:
         worker = stack.start_worker("s1")
         rss = TreeRss([stack.procs[0].pid, worker.pid]).start()
         c = Client(stack.url, stack.token, timeout=600)
-        tgt_dir = build_tiny_target(model_root / "qwen3-tiny", arch="qwen3")
-        target = c.create_target("qwen3-tiny", str(tgt_dir))
+        if "mix" in stages:
+            tgt_dir = build_tiny_target(model_root / "qwen3-tiny", arch="qwen3")
+            target = c.create_target("qwen3-tiny", str(tgt_dir))
         b = Bench(stack, c, rss)
         for n in sizes:
             folder = data_root / f"n{n}"
@@ -296,34 +303,40 @@ def main() -> None:
             print(f"# N={fmt_n(n)}: sources written in {time.perf_counter() - t0:.1f} s "
                   f"({sum(f.stat().st_size for f in folder.iterdir()) / 1e6:.0f} MB)",
                   flush=True)
+            first = len(rows)
             r, ids = b.ingest(folder, srcs, n)
             rows.append(r)
-            r, ds = b.mix(ids, srcs, n)
-            rows.append(r)
-            r, plan = b.plan(target["id"], ds, n)
-            rows.append(r)
-            r, prep = b.prepare(target["id"], ds, n, a.prepare_workers)
-            rows.append(r)
-            extra["prepare_tps"][n] = (r["tokens"] or 0) / r["wall_s"] if r["wall_s"] else 0
+            note = f"# N={fmt_n(n)}: {r['records']:,} records ingested, {r['rejected']} rejected " \
+                   "(the broken lines)"
+            if "mix" in stages:
+                r, ds = b.mix(ids, srcs, n)
+                rows.append(r)
+                r, plan = b.plan(target["id"], ds, n)
+                rows.append(r)
+                r, prep = b.prepare(target["id"], ds, n, a.prepare_workers)
+                rows.append(r)
+                extra["prepare_tps"][n] = (r["tokens"] or 0) / r["wall_s"] if r["wall_s"] else 0
+                mixed = c.get_artifact(ds["artifact_id"])["meta"]
+                note += (f"; mix: {ds['num_records']:,} records, "
+                         f"{sum(x['duplicates_dropped'] for x in mixed.get('sources', []))} "
+                         f"deduplicated; plan ok={plan.get('ok')}")
+                extra.setdefault("plans", {})[n] = plan.get("time_estimates")
             if not a.quick:
-                art = c.get_artifact(ds["artifact_id"])
-                extra["floor"][n] = tokenizer_floor(Path(art["uri"].removeprefix("file://")),
-                                                    qwen3_tokenizer_dir(), a.floor_records)
+                if "mix" in stages:
+                    art = c.get_artifact(ds["artifact_id"])
+                    extra["floor"][n] = tokenizer_floor(
+                        Path(art["uri"].removeprefix("file://")), qwen3_tokenizer_dir(),
+                        a.floor_records)
                 if n <= a.hf_max:
                     extra["hf"][n] = hf_baseline([folder / s.file for s in srcs], tmp)
-            for rr in rows[-4:]:
-                prev = [x for x in rows[:-4] if x["stage"] == rr["stage"]]
+            for rr in rows[first:]:
+                prev = [x for x in rows[:first] if x["stage"] == rr["stage"]]
                 if prev:
                     rr["k"] = k_between(prev[-1]["n"], prev[-1]["wall_s"], n, rr["wall_s"])
-            print_table(rows[-4:])
-            mixed = c.get_artifact(ds["artifact_id"])["meta"]
-            print(f"# N={fmt_n(n)}: {rows[-4]['records']:,} records ingested, "
-                  f"{rows[-4]['rejected']} rejected (the broken lines); mix: "
-                  f"{ds['num_records']:,} records, "
-                  f"{sum(x['duplicates_dropped'] for x in mixed.get('sources', []))} "
-                  f"deduplicated; plan ok={plan.get('ok')}", flush=True)
-            extra.setdefault("plans", {})[n] = plan.get("time_estimates")
-            print("# rows " + json.dumps(rows[-4:], default=str), flush=True)
+            print_table(rows[first:])
+            print(note, flush=True)
+            print("# ingest jobs " + json.dumps(rows[first]["jobs"]), flush=True)
+            print("# rows " + json.dumps(rows[first:], default=str), flush=True)
             shutil.rmtree(folder, ignore_errors=True)
     finally:
         if rss is not None:

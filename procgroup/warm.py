@@ -155,6 +155,11 @@ class WarmStarter:
             self._stop()
             return None
 
+    def warm_up(self) -> None:
+        """Start the server now, on a thread of its own, so that the first request finds it
+        ready (a request meanwhile waits for it, as it would have)."""
+        threading.Thread(target=self._ensure, name=f"{self.name}-warm-up", daemon=True).start()
+
     def _stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()

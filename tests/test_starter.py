@@ -1,4 +1,5 @@
-"""A worker's warm starter (workers/stages/starter.py, profile `model`) on real processes: a
+"""A worker's warm starters (workers/stages/starter.py, profiles `model` and `data`) on real
+processes: a
 stage it forks shows its attempt's tag, its job id and its command line in /proc like a
 freshly started one (procgroup.set_proc_environ, set_proc_cmdline), is the process
 `python -m workers.stages` would be (the request's environment, the log), and dies, with the
@@ -15,8 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from procgroup import TAG_ENV, _environ, job_tag, tagged
 from tests.conftest import REPO, wait_for
+from tests.stages.conftest import shared_fixtures
 
 DEPLOYMENT = "starter-test"
 
@@ -26,19 +30,21 @@ WORKER = """
 import os, sys
 from pathlib import Path
 from procgroup import Attempt
-from workers.supervisor import STAGE_SERVER
+from workers.supervisor import DATA_SERVER, STAGE_SERVER
+from workers.stages.starter import DATA_STAGES
 job, spec, stage = sys.argv[1:4]
 a = Attempt("starter-test", job, 1)
 log = Path(spec).parent / "log.txt"
+SERVER = DATA_SERVER if stage in DATA_STAGES else STAGE_SERVER
 
 def warm(env):
-    return STAGE_SERVER.start({"stage": stage, "spec": spec, "cwd": str(Path(spec).parent),
+    return SERVER.start({"stage": stage, "spec": spec, "cwd": str(Path(spec).parent),
                                "log": str(log), "env": env,
                                "proc_env": {"DRAFTYARD_ATTEMPT": a.tag, "DRAFTYARD_JOB_ID": job}})
 
 p = a.start([sys.executable, "-m", "workers.stages", stage, "--spec", spec],
             env={**os.environ, "CUDA_VISIBLE_DEVICES": "3"}, log=log, warm=warm)
-print(p.pid, STAGE_SERVER.server_pid, type(p).__name__, flush=True)
+print(p.pid, SERVER.server_pid, type(p).__name__, flush=True)
 print(p.wait(), flush=True)
 a.sweep()
 """
@@ -133,3 +139,35 @@ print(os.waitstatus_to_exitcode(status))
     assert seen == {"argv": ["train", "--spec", "/x/spec.json"], "watch": False, "cvd": "5",
                     "tag": "abc/job/1", "proc_tag": "abc/job/1", "proc_job": "job",
                     "tmp": str(tmp_path)}
+
+
+def test_a_forked_ingest_gives_what_a_fresh_one_gives(tmp_path):
+    """The data profile: ingest forked from the warm server (pyarrow, pandas and the stage
+    imported there, its allocators set before) writes the artifact a fresh process writes."""
+    datasets_dir = shared_fixtures() / "datasets"
+    src = tmp_path / "mixed.jsonl"
+    src.write_bytes(b"".join((datasets_dir / f).read_bytes() for f in
+                             ("alpaca.jsonl", "sharegpt.jsonl", "openai_messages.jsonl")) * 5
+                    + b"{broken\n")
+    outs = {}
+    for how in ("warm", "fresh"):
+        job = tmp_path / how
+        job.mkdir()
+        spec = job / "spec.json"
+        spec.write_text(json.dumps({"type": "ingest", "inputs": {"source": {"path": str(src)}},
+                                    "params": {}, "out_dir": str(job / "out"),
+                                    "work_dir": str(job / "work"),
+                                    "events_path": str(job / "events.jsonl")}))
+        if how == "warm":
+            worker = _worker(tmp_path, "job-ingest", spec, "ingest")
+            out, _ = worker.communicate(timeout=120)
+            pid, server, kind, rc = out.split()
+            assert (kind, rc) == ("WarmChild", "0") and server != "None"
+        else:
+            env = {**os.environ, "PYTHONPATH": str(REPO)}
+            subprocess.run([sys.executable, "-m", "workers.stages", "ingest", "--spec",
+                            str(spec)], cwd=REPO, env=env, check=True, timeout=120)
+        art = job / "out" / "dataset"
+        outs[how] = [(art / f).read_bytes() for f in ("rejects.jsonl", "meta.json")] + [
+            pq.read_table(art / "data.parquet").to_pylist()]
+    assert outs["warm"] == outs["fresh"]

@@ -124,6 +124,12 @@ def run_worker(node: str, gpus_decl: str | None, concurrency: int | None = None,
                     moved)
         nudge()
     log.info("node %s registered with %d GPUs", node, len(gpus))
+    if s.cpu_slots > 0 and s.stage_server:
+        # The data stages' warm starter, now rather than with the first of them (whose wall
+        # would take its ~0.6 s start): CPU jobs are this box's daily bread.
+        from workers.supervisor import DATA_SERVER
+
+        DATA_SERVER.warm_up()
     stop = threading.Event()
     keeper = threading.Thread(target=_housekeeping, args=(node, stop), daemon=True,
                               name="housekeeping")

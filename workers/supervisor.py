@@ -18,6 +18,7 @@ of the same job left."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ from app.jobs.states import JobStatus as S
 from procgroup import ARGV_SLOT, PARENT_ENV, TAG_ENV, TAG_SLOT, Attempt, signal_group
 from procgroup.warm import WarmChild, WarmStarter
 from workers.attempt import Attempt as JobAttempt
-from workers.stages.starter import MODEL_STAGES
+from workers.stages.starter import DATA_STAGES, MODEL_STAGES
 
 log = logging.getLogger("draftyard.supervisor")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -82,14 +83,20 @@ def _process_env() -> dict[str, str]:
     return env
 
 
-# This worker process's warm starter for model stages, started with the first one; gone with
-# this process (it watches it).
-STAGE_SERVER = WarmStarter("stages", [sys.executable, "-m", "workers.stages.starter",
-                                      "--profile", "model", "--title-slot", ARGV_SLOT],
-                           env=_starter_env,
-                           log_path=lambda: get_settings().home / "workers" / "starter.log",
-                           cwd=REPO_ROOT)
-atexit.register(STAGE_SERVER.stop)
+# This worker process's warm starters, for model stages and for the streaming data stages,
+# each started with the first stage it forks; gone with this process (they watch it).
+def _warm_starter(name: str, profile: str, log_name: str) -> WarmStarter:
+    starter = WarmStarter(name, [sys.executable, "-m", "workers.stages.starter",
+                                 "--profile", profile, "--title-slot", ARGV_SLOT],
+                          env=_starter_env,
+                          log_path=lambda: get_settings().home / "workers" / log_name,
+                          cwd=REPO_ROOT)
+    atexit.register(starter.stop)
+    return starter
+
+
+STAGE_SERVER = _warm_starter("stages", "model", "starter.log")
+DATA_SERVER = _warm_starter("data", "data", "starter-data.log")
 
 
 class GaveUp(RuntimeError):
@@ -208,12 +215,16 @@ class Supervisor:
             logf.write(f"--- {utcnow().isoformat()} stage {self.type} starting "
                        f"(CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})\n".encode())
         # The stage dies with this process, and so does everything it starts (procgroup);
-        # leftovers of an earlier attempt of this job are killed first. A model stage is
-        # forked by this worker's warm starter when it can be (workers/stages/starter.py).
+        # leftovers of an earlier attempt of this job are killed first. A model stage or a
+        # streaming data stage is forked by this worker's warm starter for it when it can be
+        # (workers/stages/starter.py).
         warm = None
-        if self.type in MODEL_STAGES and self.settings.stage_server:
+        server = (STAGE_SERVER if self.type in MODEL_STAGES else
+                  DATA_SERVER if self.type in DATA_STAGES else None)
+        if server is not None and self.settings.stage_server:
             def warm(env: dict[str, str]) -> WarmChild | None:
-                return STAGE_SERVER.start({
+                assert server is not None
+                return server.start({
                     "stage": self.type, "spec": str(self.spec_path), "cwd": str(self.job_dir),
                     "log": str(log_path), "env": env,
                     # what /proc shows of it, as of a fresh stage (procgroup's scans)
@@ -343,7 +354,14 @@ class Supervisor:
                 # The last events were read by the pump above (after the exit), committed.
                 return StageOutcome(rc, cancel_at is not None and not preempted, self.error,
                                     self.result, self.artifacts, preempted=preempted)
-            time.sleep(0.1 if cancel_at else 0.25)
+            self._wait_exit(0.1 if cancel_at else 0.25)
+
+    def _wait_exit(self, seconds: float) -> None:
+        """Sleep between two rounds of the watch loop, waking at once when the stage exits:
+        a short job is then recorded as finished when it is, not up to a round later."""
+        assert self.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=seconds)
 
     def _pump_events(self, heartbeat: bool, final: bool = False) -> str | None:
         """Read new event lines into the DB; heartbeat; return the job's current status. The

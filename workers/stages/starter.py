@@ -1,4 +1,4 @@
-"""A warm starter: `python -m workers.stages.starter --profile plan|model --socket PATH`.
+"""A warm starter: `python -m workers.stages.starter --profile plan|model|data --socket PATH`.
 
 A stage process spends most of a short job importing: a fresh `python -m workers.stages
 train` imports torch, transformers and speculators (about 5 CPU-seconds on a quiet core here,
@@ -11,9 +11,14 @@ the server itself never runs a stage, so nothing one child loads or caches is se
 next. Profiles:
 - `plan` (the API's, app/plans/service.py): the plan's tokenizer and template core.
 - `model` (each worker's, workers/supervisor.py): torch, transformers and speculators, for
-  the stages that load a model (MODEL_STAGES). The data stages (ingest, mix, split, prepare)
-  keep fresh processes: they import little, and their memory bounds (memory.py) are for a
-  process without a model library in it.
+  the stages that load a model (MODEL_STAGES).
+- `data` (each worker's): pyarrow (and the pandas it imports on its first conversion), the
+  stage core and the streaming stages (DATA_STAGES: ingest, mix, split), with their lean
+  allocators in place before pyarrow was imported (memory.py), as a fresh stage has them. A
+  fresh `python -m workers.stages ingest` spent ~0.6 CPU-s importing, as long as ingesting
+  100K short records; a scale bench ingests six files. No model library is imported here, so
+  memory.py's bounds still hold for its children. prepare keeps fresh processes (its
+  tokenizer libraries).
 
 A stage child is the process `python -m workers.stages <type>` would be: the request's
 environment replaces the server's (CUDA_VISIBLE_DEVICES is read when CUDA starts, never
@@ -57,13 +62,30 @@ from procgroup import (
     set_proc_environ,
     signal_group,
 )
+from workers.stages.memory import STREAMING_STAGES, lean_allocators
 
 MODEL_STAGES = frozenset({"generate", "extract", "train", "evaluate"})
-PROFILES = {"plan": frozenset({"plan"}), "model": MODEL_STAGES}
+DATA_STAGES = STREAMING_STAGES
+PROFILES = {"plan": frozenset({"plan"}), "model": MODEL_STAGES, "data": DATA_STAGES}
+
+
+def _warm_data() -> None:
+    lean_allocators()  # before pyarrow makes its default pool, as in a fresh stage
+    import pyarrow as pa
+
+    import workers.stages.__main__
+    import workers.stages.ingest
+    import workers.stages.mix
+    import workers.stages.split  # noqa: F401
+
+    pa.array(["x"])  # the first conversion of Python objects imports pandas (~0.2 s)
 
 
 def warm(profile: str) -> None:
     """Import what the profile's children import, without loading a model or a tokenizer."""
+    if profile == "data":
+        _warm_data()
+        return
     import jinja2  # noqa: F401
     import transformers
 
@@ -103,13 +125,16 @@ def _redirect(fd: int, path: Path, append: bool) -> None:
     os.close(f)
 
 
-def _child(sock: socket.socket, listener: socket.socket, req: dict) -> None:
+def _child(sock: socket.socket, listener: socket.socket, req: dict,
+           server_fds: tuple[socket.socket, ...] = ()) -> None:
     """In the forked child: become the process `python -m workers.stages <stage>` would be,
     and never return."""
     rc = 1
     try:
-        listener.close()
-        sock.close()
+        signal.set_wakeup_fd(-1)  # the server's wake-up, not this process's
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for s in (listener, sock, *server_fds):
+            s.close()
         if req.get("proc_env") and not set_proc_environ(req["proc_env"]):
             os._exit(3)  # cannot happen: the server checked its slot before forking
         set_proc_cmdline([sys.executable, "-m", "workers.stages", req["stage"], "--spec",
@@ -173,6 +198,7 @@ class Server:
         self.sel = selectors.DefaultSelector()
         self.running: dict[int, _Running] = {}
         self.stopping = False
+        self._wake: tuple[socket.socket, ...] = ()  # the wake-up socket pair (serve)
         # The tag's slot in this process's environment block: a child writes its entries
         # there (procgroup.set_proc_environ); without one, tagged requests are declined.
         # Names this block has already would be shown twice, so only new ones may be added.
@@ -201,8 +227,21 @@ class Server:
 
     def serve(self) -> None:
         lst = self.listen()  # the socket's existence is the starter's sign that we are ready
+        # A child's exit wakes the loop (its SIGCHLD writes to the wake-up socket), so that it
+        # is reaped and answered at once, not at the next 0.2 s round: a forked ingest of a
+        # small file is over in a few tenths of a second.
+        wake, wake_w = self._wake = socket.socketpair()
+        for s in self._wake:
+            s.setblocking(False)
+        self.sel.register(wake, selectors.EVENT_READ, "wake")
+        signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         while not self.stopping and os.getppid() == self.parent:
-            if self.sel.select(timeout=0.2):
+            for key, _events in self.sel.select(timeout=0.2):
+                if key.data == "wake":
+                    with contextlib.suppress(OSError):
+                        wake.recv(4096)
+                    continue
                 with contextlib.suppress(OSError):
                     conn, _addr = lst.accept()
                     self.start(conn, lst)
@@ -246,7 +285,7 @@ class Server:
             return
         pid = fork_child()  # its own group: a stop reaches what the child started, too
         if pid == 0:
-            _child(conn, lst, req)
+            _child(conn, lst, req, self._wake)
         now = time.monotonic()
         timeout = req.get("timeout_s")
         self.running[pid] = _Running(conn, now + float(timeout) if timeout else None, now,

@@ -9,7 +9,11 @@ Output: artifact `dataset` (kind `dataset`) at `out_dir/dataset/`: `data.parquet
 `meta.json` (the artifact meta, see `_meta`).
 
 Streaming throughout: lines are parsed one at a time (orjson) and written in row groups of
-`batch_rows` by a writer thread, so memory does not grow with the file. Bad records are
+`batch_rows` by a writer thread, so memory does not grow with the file. Blocks of `batch_rows`
+input records (Parquet: record batches) go through fast.py first: runs of records with one
+key set in a flat format become columns with Arrow compute, and only the records it cannot
+vouch for take the per-line path (`_Records.one`), which decides everything about them as it
+always did (tests/stages/test_ingest_fast.py: both paths give the same artifact). Bad records are
 rejected with their line and a reason, never fatal; the whole ingest fails only when the file
 cannot be read, no known format is found, or more than `max_reject_share` of the input records
 are rejected.
@@ -26,14 +30,19 @@ import gc
 import re
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from itertools import chain
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
 import orjson
+import pyarrow as pa
+
 from contracts.ingest import IngestParams
 from contracts.inputs import SourceFile
 from workers.stages.common import StageContext, StageError
+from workers.stages.ingest import fast
 from workers.stages.ingest.formats import FORMATS, NORMALIZERS, detect_one, shape_hint
 from workers.stages.ingest.messages import NoMatch, Reject
 from workers.stages.ingest.oasst_flat import FlatTrees
@@ -47,6 +56,7 @@ DETECT_RECORDS = 64      # objects looked at to pick a file's format
 DETECT_MAX_ITEMS = 10_000  # give up detection (binary or foreign file) after this many lines
 SAMPLE_REJECTS = 20
 PROGRESS_EVERY = 4096
+BLOCK_BYTES = 64 << 20  # JSON text (or Parquet batch) the fast path takes at once, at most
 
 def _validate(spec: dict) -> tuple[IngestParams, SourceFile]:
     return (parse_params(IngestParams, spec.get("params")),
@@ -123,9 +133,8 @@ def run(spec: dict, ctx: StageContext) -> dict:
 
     with source, open(out / "rejects.jsonl", "wb") as rej_fh:
         rejects = _Rejects(rej_fh)
-        items = iter(source)
         try:
-            head = _read_head(items)
+            head, body = _open_items(source, params.batch_rows)
         except ReaderError as e:
             raise StageError(e.code, str(e)) from None
         fmt: str = params.format
@@ -141,15 +150,15 @@ def run(spec: dict, ctx: StageContext) -> dict:
                                  f"{', '.join(FORMATS)} (force one: --format in the CLI, "
                                  f"the form field or params.format in the API)")
             fmt = detected
-        writer = ThreadedWriter(out, name)
+        writer = ThreadedWriter(out, name, params.batch_rows)
         # Parsed JSON is acyclic, so reference counting frees every record; the cyclic GC
         # would only rescan the batches in flight again and again (measured: it doubles the
         # cost of building the Arrow batches). Off for the loop, back on after.
         gc_was_on = gc.isenabled()
         gc.disable()
         try:
-            lines, per_format = _ingest(chain(head, items), fmt, params, name, source,
-                                        writer, rejects, ctx)
+            lines, per_format, vectorized = _ingest(body, fmt, params, name, source, writer,
+                                                    rejects, ctx)
         except ReaderError as e:
             raise StageError(e.code, str(e)) from None
         finally:
@@ -196,7 +205,27 @@ def run(spec: dict, ctx: StageContext) -> dict:
     return {"format": fmt, "num_records": writer.count, "num_rejected": rejects.count,
             "seconds": round(seconds, 3), "cpu_seconds": round(time.process_time() - cpu0, 3),
             "mb_per_s": round(mb / max(seconds, 1e-9), 2),
-            "records_per_s": round(writer.count / max(seconds, 1e-9), 1)}
+            "records_per_s": round(writer.count / max(seconds, 1e-9), 1),
+            "vectorized_records": vectorized}
+
+
+def _open_items(source: Source, batch_rows: int) -> tuple[list, Iterator]:
+    """(the first items, for format detection; everything to ingest, those included). With
+    the fast path on, a Parquet source is read as record batches (the head as rows still)."""
+    if not (fast.ENABLED and source.container == "parquet"):
+        items = iter(source)
+        head = _read_head(items)
+        return head, chain(head, items)
+    batches = source.parquet_batches(batch_rows)
+    first: list = []
+    rows = 0
+    for line, batch in batches:
+        first.append((line, batch))
+        rows += batch.num_rows
+        if rows >= DETECT_RECORDS:
+            break
+    head = list(enumerate(chain.from_iterable(b.to_pylist() for _, b in first), 1))
+    return head[:DETECT_RECORDS], chain(first, batches)
 
 
 def _read_head(items) -> list:
@@ -211,21 +240,28 @@ def _read_head(items) -> list:
     return head
 
 
-def _ingest(items, fmt: str, params: IngestParams, name: str, source: Source,
-            writer: ThreadedWriter, rejects: _Rejects, ctx: StageContext) -> tuple[int, Counter]:
-    """The hot loop: parse, pick the normalizer, normalize, batch. Returns (input records
-    accepted, accepted input records per format)."""
-    auto = params.format == "auto"
-    fixed = NORMALIZERS[fmt]
-    loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
-    batch_rows = params.batch_rows
-    per_format = dict.fromkeys(FORMATS, 0)
-    n_items = 0
-    batch: list = []
-    append = batch.append
-    trees = FlatTrees()  # rows of the flat OpenAssistant export, one tree at a time
+class _Records:
+    """What both paths share: the records batch of the per-line path, the OpenAssistant rows
+    of the tree being read, the per-format counts and the writer. `per_line()` is the
+    per-line path; `columns()` takes the records of the fast path (fast.py), in input order
+    with the per-line ones."""
 
-    def add_records(line: int, rec) -> None:
+    def __init__(self, fmt: str, params: IngestParams, name: str, writer: ThreadedWriter,
+                 rejects: _Rejects) -> None:
+        self.fmt = fmt
+        self.auto = params.format == "auto"
+        self.fixed = NORMALIZERS[fmt]
+        self.batch_rows = params.batch_rows
+        self.name = name
+        self.writer = writer
+        self.rejects = rejects
+        self.per_format = dict.fromkeys(FORMATS, 0)
+        self.batch: list = []
+        self.trees = FlatTrees()  # rows of the flat OpenAssistant export, one tree at a time
+        self.vectorized = 0  # input records that took the fast path
+
+    def add_records(self, line: int, rec) -> None:
+        append, name = self.batch.append, self.name
         if type(rec) is tuple:
             append((line, rec))
         else:  # several records from one input record (OpenAssistant paths)
@@ -233,65 +269,234 @@ def _ingest(items, fmt: str, params: IngestParams, name: str, source: Source,
                 append((line, r if r[0] is not None or len(rec) == 1
                         else (f"{name}-{line}-{k}", r[1], r[2])))
 
-    def finished_trees(done) -> None:
+    def finished_trees(self, done) -> None:
         for tline, recs in done:
             if type(recs) is Reject:
-                rejects.add(tline, str(recs))
+                self.rejects.add(tline, str(recs))
             else:
-                per_format["oasst_flat"] += 1
-                add_records(tline, recs)
+                self.per_format["oasst_flat"] += 1
+                self.add_records(tline, recs)
 
-    for line, item in items:
-        n_items += 1
-        if n_items % PROGRESS_EVERY == 0:
+    def per_line(self, items) -> None:
+        """The per-line path over `(line, item)` pairs, an item being raw bytes, a `Bad`
+        reason or an already decoded value: parse, pick the normalizer, normalize, batch.
+        (The hot loop of files the fast path does not take: names are bound locally.)"""
+        auto, fmt, fixed = self.auto, self.fmt, self.fixed
+        per_format, trees, finished_trees = self.per_format, self.trees, self.finished_trees
+        add_reject, batch_rows, writer = self.rejects.add, self.batch_rows, self.writer
+        loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
+        batch = self.batch
+        append = batch.append
+        for line, item in items:
+            if type(item) is bytes:
+                try:
+                    obj = loads(item)
+                except JSONDecodeError as e:
+                    add_reject(line, _diagnose(item, e))
+                    continue
+            elif type(item) is Bad:
+                add_reject(line, item.reason)
+                continue
+            else:
+                obj = item
+            if type(obj) is not dict:
+                add_reject(line, f"not a JSON object (a {type(obj).__name__})")
+                continue
+            if auto:
+                # Each record by the format its keys show: a file concatenated from several
+                # sources ingests whole (meta["formats"] counts them).
+                f = detect_one(obj)
+                if f is None:
+                    add_reject(line, f"unknown record shape ({shape_hint(obj)})")
+                    continue
+                norm = NORMALIZERS[f]
+            else:
+                f, norm = fmt, fixed
+            if f == "oasst_flat":
+                finished_trees(trees.add(line, obj))
+            else:
+                if trees.pending:
+                    finished_trees(trees.flush())
+                try:
+                    rec = norm(obj)
+                except Reject as e:
+                    add_reject(line, str(e))
+                    continue
+                except NoMatch:
+                    add_reject(line, f"record does not match format {fmt!r} ({shape_hint(obj)})")
+                    continue
+                per_format[f] += 1
+                if type(rec) is tuple:
+                    append((line, rec))
+                else:
+                    self.add_records(line, rec)
+            if len(batch) >= batch_rows:
+                writer.submit(batch)
+                batch = self.batch = []
+                append = batch.append
+
+    def columns(self, fmt: str, lines: pa.Array, ids: pa.Array, messages: pa.Array) -> None:
+        """Records of format `fmt` (one per input record) built by fast.py."""
+        if self.trees.pending:  # as one() does before any record of another format
+            self.finished_trees(self.trees.flush())
+        self.writer.submit(self.batch)
+        self.batch = []
+        self.writer.submit_columns(lines, ids, messages, pa.nulls(len(lines), pa.string()))
+        self.per_format[fmt] += len(lines)
+        self.vectorized += len(lines)
+
+    def run(self, fmt: str, mapper, rows: fast.Rows, lines: np.ndarray, item) -> None:
+        """A run of input records with the same keys (fast.py): the clean ones as columns,
+        the others one by one (`item(k)` is the k-th record for `one()`), in input order."""
+        built = mapper(rows)
+        ok = built.ok
+        bad = np.flatnonzero(~ok)
+        if len(bad) == rows.n:
+            ids = messages = pa.nulls(0)
+        else:
+            ids, messages = built.id_array(), built.messages()
+        line_arr = pa.array(lines)
+        start = done = 0
+        for b in (*bad.tolist(), rows.n):
+            if b > start:
+                k = b - start
+                self.columns(fmt, line_arr.slice(start, k), ids.slice(done, k),
+                             messages.slice(done, k))
+                done += k
+            if b < rows.n:
+                self.per_line(((int(lines[b]), item(b)),))
+            start = b + 1
+
+    def finish(self) -> tuple[int, Counter, int]:
+        self.finished_trees(self.trees.flush())
+        self.writer.submit(self.batch)
+        self.batch = []
+        counts = Counter({k: v for k, v in self.per_format.items() if v})
+        return sum(counts.values()), counts, self.vectorized
+
+    def format_of(self, obj: dict) -> str | None:
+        return detect_one(obj) if self.auto else self.fmt
+
+
+def _ingest(items, fmt: str, params: IngestParams, name: str, source: Source,
+            writer: ThreadedWriter, rejects: _Rejects, ctx: StageContext,
+            ) -> tuple[int, Counter, int]:
+    """The hot loop. Returns (input records accepted, accepted input records per format,
+    input records that took the fast path).
+    `items`: `(line, item)` pairs, or for Parquet with the fast path on, `(first line,
+    RecordBatch)` pairs."""
+    recs = _Records(fmt, params, name, writer, rejects)
+    if not fast.ENABLED:
+        for block in _blocks(items, PROGRESS_EVERY):
+            recs.per_line(block)
             ctx.progress(source.done(), source.total, source.unit, stage="ingest")
+    elif source.container == "parquet":
+        for first, batch in items:
+            _batch(recs, first, batch)
+            ctx.progress(source.done(), source.total, source.unit, stage="ingest")
+    else:
+        _json_items(recs, items, params.batch_rows, lambda: ctx.progress(
+            source.done(), source.total, source.unit, stage="ingest"))
+    return recs.finish()
+
+
+def _blocks(items, rows: int):
+    """Lists of up to `rows` items, and of about BLOCK_BYTES of JSON at most."""
+    block: list = []
+    size = 0
+    for it in items:
+        block.append(it)
+        if type(it[1]) is bytes:
+            size += len(it[1])
+        if len(block) >= rows or size >= BLOCK_BYTES:
+            yield block
+            block, size = [], 0
+    if block:
+        yield block
+
+
+PER_LINE_WINDOW = 64  # records parsed ahead of the per-line path at most (kept in cache)
+RETRY_EVERY = 8  # after blocks without a fast run, only every 8th block looks for runs
+
+
+def _json_items(recs: _Records, items, rows: int, progress: Callable[[], None]) -> None:
+    """JSON items in blocks of up to `rows` records (and about BLOCK_BYTES of JSON). A file
+    whose blocks have no run for the fast path (every record of another shape than the one
+    before, say) goes per line, looking for runs again every RETRY_EVERY blocks."""
+    misses = 0
+    for k, block in enumerate(_blocks(items, rows)):
+        if misses >= 2 and k % RETRY_EVERY:
+            recs.per_line(block)
+        else:
+            before = recs.vectorized
+            _block(recs, block)
+            misses = 0 if recs.vectorized > before else misses + 1
+        progress()
+
+
+def _block(recs: _Records, block: list) -> None:
+    """JSON items, parsed here one by one. A run of objects with the same keys (so one format:
+    detect_one reads keys, up to the mapped formats) of at least fast.MIN_RUN records in a
+    mapped format goes to the fast path; the other records go to the per-line path a few at a
+    time, soon after they were parsed (a line that does not parse is handed over as its bytes,
+    so the per-line path diagnoses it)."""
+    loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
+    min_run = fast.MIN_RUN
+    got: list = []  # (line, parsed object, or the bytes of a line that does not parse)
+    done = start = 0  # handed over: got[:done]; the current run: got[start:]
+    keys = None
+
+    def end_run(stop: int) -> None:
+        nonlocal done
+        if keys is not None and stop - start >= min_run:
+            f = recs.format_of(got[start][1])
+            mapper = fast.mapper(f)
+            if mapper is not None:
+                if done < start:
+                    recs.per_line(got[done:start])
+                run = [obj for _, obj in got[start:stop]]
+                recs.run(f, mapper, fast.DictRows(run),
+                         np.fromiter((line for line, _ in got[start:stop]), np.int64,
+                                     stop - start), run.__getitem__)
+                done = stop
+                return
+        if stop - done >= PER_LINE_WINDOW:
+            recs.per_line(got[done:stop])
+            done = stop
+
+    for i, (line, item) in enumerate(block):
         if type(item) is bytes:
             try:
                 obj = loads(item)
-            except JSONDecodeError as e:
-                rejects.add(line, _diagnose(item, e))
-                continue
-        elif type(item) is Bad:
-            rejects.add(line, item.reason)
-            continue
+            except JSONDecodeError:
+                obj = item
         else:
             obj = item
-        if type(obj) is not dict:
-            rejects.add(line, f"not a JSON object (a {type(obj).__name__})")
-            continue
-        if auto:
-            # Each record by the format its keys show: a file concatenated from several
-            # sources ingests whole (meta["formats"] counts them).
-            f = detect_one(obj)
-            if f is None:
-                rejects.add(line, f"unknown record shape ({shape_hint(obj)})")
-                continue
-            norm = NORMALIZERS[f]
-        else:
-            f, norm = fmt, fixed
-        if f == "oasst_flat":
-            finished_trees(trees.add(line, obj))
-        else:
-            if trees.pending:
-                finished_trees(trees.flush())
-            try:
-                rec = norm(obj)
-            except Reject as e:
-                rejects.add(line, str(e))
-                continue
-            except NoMatch:
-                rejects.add(line, f"record does not match format {fmt!r} ({shape_hint(obj)})")
-                continue
-            per_format[f] += 1
-            if type(rec) is tuple:
-                append((line, rec))
-            else:
-                add_records(line, rec)
-        if len(batch) >= batch_rows:
-            writer.submit(batch)
-            batch = []
-            append = batch.append
-    finished_trees(trees.flush())
-    writer.submit(batch)
-    counts = Counter({k: v for k, v in per_format.items() if v})
-    return sum(counts.values()), counts
+        got.append((line, obj))
+        if keys is None or type(obj) is not dict or obj.keys() != keys:
+            if i - start >= min_run or i - done >= PER_LINE_WINDOW:
+                end_run(i)
+            start = i
+            keys = obj.keys() if type(obj) is dict else None
+    end_run(len(got))
+    if done < len(got):
+        recs.per_line(got[done:])
+
+
+def _batch(recs: _Records, first: int, batch: pa.RecordBatch) -> None:
+    """Parquet rows: every row has every column as a key, so the batch is one run."""
+    n = batch.num_rows
+    lines = np.arange(first, first + n, dtype=np.int64)
+    f = recs.format_of(dict.fromkeys(batch.schema.names))
+    mapper = fast.mapper(f)
+    if mapper is None or not fast.batch_keys_ok(batch) or batch.nbytes > BLOCK_BYTES:
+        recs.per_line(enumerate(batch.to_pylist(), first))
+        return
+    pylist: list | None = None
+
+    def row_at(k: int) -> dict:  # the rows the per-line path gets, made if one is needed
+        nonlocal pylist
+        if pylist is None:
+            pylist = batch.to_pylist()
+        return pylist[k]
+    recs.run(f, mapper, fast.BatchRows(batch), lines, row_at)  # type: ignore[arg-type]

@@ -128,13 +128,20 @@ class Source:
             return 0
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
+        if self.container == "parquet":
+            return self._guarded(self._parquet_rows())
+        if self.container == "json":
+            return self._guarded(_json_array(self._stream, self.max_record_bytes))
+        return self._guarded(_json_lines(self._stream, self.max_record_bytes))
+
+    def parquet_batches(self, rows: int) -> Iterator[tuple[int, Any]]:
+        """Parquet only: `(line of its first row, pyarrow.RecordBatch)` of up to `rows` rows;
+        a batch's rows are what iterating the source gives, one by one."""
+        return self._guarded(self._batches(rows))
+
+    def _guarded(self, items: Iterator) -> Iterator:
         try:
-            if self.container == "parquet":
-                yield from self._parquet_rows()
-            elif self.container == "json":
-                yield from _json_array(self._stream, self.max_record_bytes)
-            else:
-                yield from _json_lines(self._stream, self.max_record_bytes)
+            yield from items
         except (OSError, EOFError, ValueError, lzma.LZMAError) as e:
             # a stream that breaks mid-file (truncated gzip, corrupt zstd frame)
             raise ReaderError(f"{self.path} is unreadable after {self.done()} {self.unit}: {e}") from e
@@ -149,13 +156,19 @@ class Source:
         except (pa.ArrowException, OSError) as e:
             raise ReaderError(f"{self.path} is not a readable Parquet file: {e}") from e
 
+    def _batches(self, rows: int) -> Iterator[tuple[int, Any]]:
+        n = 0
+        for batch in self._parquet.iter_batches(batch_size=rows):
+            yield n + 1, batch
+            n += batch.num_rows
+            self._rows_done = n
+
     def _parquet_rows(self) -> Iterator[tuple[int, Any]]:
         n = 0
-        for batch in self._parquet.iter_batches(batch_size=1024):
+        for _first, batch in self._batches(1024):
             for row in batch.to_pylist():
                 n += 1
                 yield n, row
-            self._rows_done = n
 
     def close(self) -> None:
         self._raw.close()

@@ -60,13 +60,11 @@ class DatasetStats:
         self._hist = np.zeros(_NBINS, dtype=np.int64)
 
     def update(self, table: pa.Table | pa.RecordBatch) -> None:
-        msgs, tools = table.column("messages"), table.column("tools")
-        if isinstance(msgs, pa.ChunkedArray):
-            if msgs.num_chunks != 1:
-                msgs, tools = msgs.combine_chunks(), tools.combine_chunks()
-            else:
-                msgs, tools = msgs.chunk(0), tools.chunk(0)
-        self._update(msgs, tools)
+        # Every statistic is a sum, a max or a histogram, so a table's chunks are taken one
+        # by one (no copy to combine them).
+        batches = table.to_batches() if isinstance(table, pa.Table) else [table]
+        for batch in batches:
+            self._update(batch.column("messages"), batch.column("tools"))
 
     def _update(self, msgs: pa.ListArray, tools: pa.Array) -> None:
         n = len(msgs)
