@@ -60,6 +60,7 @@ def register(cli: typer.Typer) -> None:
             fail(e)
             return
         out.write_text(json.dumps(starting_body(t, d, drafter), indent=2) + "\n")
+        # Unwrapped: a long path broken across lines by the console could not be pasted back.
         console.print(f"wrote {out}: target {t['name']} ({t['id']}), dataset {d['name']} "
-                      f"({d['id']}, {d.get('num_records')} records); next: "
-                      f"draftyard plan {out}")
+                      f"({d['id']}, {d.get('num_records')} records)", soft_wrap=True)
+        console.print(f"next: draftyard plan {out}", soft_wrap=True)
