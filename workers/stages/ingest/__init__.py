@@ -31,7 +31,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import BinaryIO
 
@@ -387,8 +387,8 @@ def _ingest(items, fmt: str, params: IngestParams, name: str, source: Source,
     RecordBatch)` pairs."""
     recs = _Records(fmt, params, name, writer, rejects)
     if not fast.ENABLED:
-        for block in _blocks(items, PROGRESS_EVERY):
-            recs.per_line(block)
+        items = iter(items)
+        while _per_line_chunk(recs, items, PROGRESS_EVERY):
             ctx.progress(source.done(), source.total, source.unit, stage="ingest")
     elif source.container == "parquet":
         for first, batch in items:
@@ -400,8 +400,9 @@ def _ingest(items, fmt: str, params: IngestParams, name: str, source: Source,
     return recs.finish()
 
 
-def _blocks(items, rows: int):
-    """Lists of up to `rows` items, and of about BLOCK_BYTES of JSON at most."""
+def _take_block(items: Iterator, rows: int) -> list:
+    """The next up to `rows` items, and about BLOCK_BYTES of JSON at most (a block is held
+    whole, parsed, by the fast path)."""
     block: list = []
     size = 0
     for it in items:
@@ -409,10 +410,17 @@ def _blocks(items, rows: int):
         if type(it[1]) is bytes:
             size += len(it[1])
         if len(block) >= rows or size >= BLOCK_BYTES:
-            yield block
-            block, size = [], 0
-    if block:
-        yield block
+            break
+    return block
+
+
+def _per_line_chunk(recs: _Records, items: Iterator, rows: int) -> bool:
+    """The next up to `rows` items through the per-line path, streamed; False at the end."""
+    first = next(items, None)
+    if first is None:
+        return False
+    recs.per_line(chain((first,), islice(items, rows - 1)))
+    return True
 
 
 PER_LINE_WINDOW = 64  # records parsed ahead of the per-line path at most (kept in cache)
@@ -423,15 +431,21 @@ def _json_items(recs: _Records, items, rows: int, progress: Callable[[], None]) 
     """JSON items in blocks of up to `rows` records (and about BLOCK_BYTES of JSON). A file
     whose blocks have no run for the fast path (every record of another shape than the one
     before, say) goes per line, looking for runs again every RETRY_EVERY blocks."""
-    misses = 0
-    for k, block in enumerate(_blocks(items, rows)):
+    items = iter(items)
+    misses = k = 0
+    while True:
         if misses >= 2 and k % RETRY_EVERY:
-            recs.per_line(block)
+            if not _per_line_chunk(recs, items, rows):
+                return
         else:
+            block = _take_block(items, rows)
+            if not block:
+                return
             before = recs.vectorized
             _block(recs, block)
             misses = 0 if recs.vectorized > before else misses + 1
         progress()
+        k += 1
 
 
 def _block(recs: _Records, block: list) -> None:
