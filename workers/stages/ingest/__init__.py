@@ -337,7 +337,7 @@ class _Records:
 
     def columns(self, fmt: str, lines: pa.Array, ids: pa.Array, messages: pa.Array) -> None:
         """Records of format `fmt` (one per input record) built by fast.py."""
-        if self.trees.pending:  # as one() does before any record of another format
+        if self.trees.pending:  # as per_line() does before any record of another format
             self.finished_trees(self.trees.flush())
         self.writer.submit(self.batch)
         self.batch = []
@@ -347,7 +347,8 @@ class _Records:
 
     def run(self, fmt: str, mapper, rows: fast.Rows, lines: np.ndarray, item) -> None:
         """A run of input records with the same keys (fast.py): the clean ones as columns,
-        the others one by one (`item(k)` is the k-th record for `one()`), in input order."""
+        the others per line (`item(k)` is the k-th record as `per_line()` takes it), in
+        input order."""
         built = mapper(rows)
         ok = built.ok
         bad = np.flatnonzero(~ok)
