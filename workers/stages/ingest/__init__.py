@@ -31,7 +31,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import BinaryIO
 
@@ -57,6 +57,11 @@ DETECT_MAX_ITEMS = 10_000  # give up detection (binary or foreign file) after th
 SAMPLE_REJECTS = 20
 PROGRESS_EVERY = 4096
 BLOCK_BYTES = 64 << 20  # JSON text (or Parquet batch) the fast path takes at once, at most
+# Records the fast path takes at once (row groups are still batch_rows records): with 4096,
+# the parsed block, its columns and the tables queued for the writer made the peak RSS of
+# an 800K-record ingest 35-50 MB higher than the per-line path's, and the main thread
+# slower (measured on the scale bench's Evol-CodeAlpaca and OpenOrca files).
+FAST_ROWS = 1024
 
 def _validate(spec: dict) -> tuple[IngestParams, SourceFile]:
     return (parse_params(IngestParams, spec.get("params")),
@@ -216,7 +221,7 @@ def _open_items(source: Source, batch_rows: int) -> tuple[list, Iterator]:
         items = iter(source)
         head = _read_head(items)
         return head, chain(head, items)
-    batches = source.parquet_batches(batch_rows)
+    batches = source.parquet_batches(min(FAST_ROWS, batch_rows))
     first: list = []
     rows = 0
     for line, batch in batches:
@@ -337,7 +342,7 @@ class _Records:
 
     def columns(self, fmt: str, lines: pa.Array, ids: pa.Array, messages: pa.Array) -> None:
         """Records of format `fmt` (one per input record) built by fast.py."""
-        if self.trees.pending:  # as one() does before any record of another format
+        if self.trees.pending:  # as per_line() does before any record of another format
             self.finished_trees(self.trees.flush())
         self.writer.submit(self.batch)
         self.batch = []
@@ -347,7 +352,8 @@ class _Records:
 
     def run(self, fmt: str, mapper, rows: fast.Rows, lines: np.ndarray, item) -> None:
         """A run of input records with the same keys (fast.py): the clean ones as columns,
-        the others one by one (`item(k)` is the k-th record for `one()`), in input order."""
+        the others per line (`item(k)` is the k-th record as `per_line()` takes it), in
+        input order."""
         built = mapper(rows)
         ok = built.ok
         bad = np.flatnonzero(~ok)
@@ -387,21 +393,22 @@ def _ingest(items, fmt: str, params: IngestParams, name: str, source: Source,
     RecordBatch)` pairs."""
     recs = _Records(fmt, params, name, writer, rejects)
     if not fast.ENABLED:
-        for block in _blocks(items, PROGRESS_EVERY):
-            recs.per_line(block)
+        items = iter(items)
+        while _per_line_chunk(recs, items, PROGRESS_EVERY):
             ctx.progress(source.done(), source.total, source.unit, stage="ingest")
     elif source.container == "parquet":
         for first, batch in items:
             _batch(recs, first, batch)
             ctx.progress(source.done(), source.total, source.unit, stage="ingest")
     else:
-        _json_items(recs, items, params.batch_rows, lambda: ctx.progress(
+        _json_items(recs, items, min(FAST_ROWS, params.batch_rows), lambda: ctx.progress(
             source.done(), source.total, source.unit, stage="ingest"))
     return recs.finish()
 
 
-def _blocks(items, rows: int):
-    """Lists of up to `rows` items, and of about BLOCK_BYTES of JSON at most."""
+def _take_block(items: Iterator, rows: int) -> list:
+    """The next up to `rows` items, and about BLOCK_BYTES of JSON at most (a block is held
+    whole, parsed, by the fast path)."""
     block: list = []
     size = 0
     for it in items:
@@ -409,10 +416,17 @@ def _blocks(items, rows: int):
         if type(it[1]) is bytes:
             size += len(it[1])
         if len(block) >= rows or size >= BLOCK_BYTES:
-            yield block
-            block, size = [], 0
-    if block:
-        yield block
+            break
+    return block
+
+
+def _per_line_chunk(recs: _Records, items: Iterator, rows: int) -> bool:
+    """The next up to `rows` items through the per-line path, streamed; False at the end."""
+    first = next(items, None)
+    if first is None:
+        return False
+    recs.per_line(chain((first,), islice(items, rows - 1)))
+    return True
 
 
 PER_LINE_WINDOW = 64  # records parsed ahead of the per-line path at most (kept in cache)
@@ -423,15 +437,21 @@ def _json_items(recs: _Records, items, rows: int, progress: Callable[[], None]) 
     """JSON items in blocks of up to `rows` records (and about BLOCK_BYTES of JSON). A file
     whose blocks have no run for the fast path (every record of another shape than the one
     before, say) goes per line, looking for runs again every RETRY_EVERY blocks."""
-    misses = 0
-    for k, block in enumerate(_blocks(items, rows)):
+    items = iter(items)
+    misses = k = 0
+    while True:
         if misses >= 2 and k % RETRY_EVERY:
-            recs.per_line(block)
+            if not _per_line_chunk(recs, items, rows):
+                return
         else:
+            block = _take_block(items, rows)
+            if not block:
+                return
             before = recs.vectorized
             _block(recs, block)
             misses = 0 if recs.vectorized > before else misses + 1
         progress()
+        k += 1
 
 
 def _block(recs: _Records, block: list) -> None:
