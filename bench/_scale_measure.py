@@ -16,7 +16,10 @@ class TreeRss:
     """Samples, every `interval` s, every process under the given roots (the API and the
     worker) whose command line runs a stage (`-m workers.stages <type>`), and keeps per stage
     type the peak of the summed RSS of that process and all its descendants (the stage's
-    whole tree: prepare's tokenizer pool, ingest's writer thread are in it)."""
+    whole tree: prepare's tokenizer pool, ingest's writer thread are in it). The stage
+    process's own part is its high-water mark (VmHWM), so that a peak between two samples
+    counts: a stage of a few tenths of a second got one or two samples and its peak was
+    missed."""
 
     def __init__(self, roots: list[int], interval: float = 0.1):
         self.roots = roots
@@ -57,9 +60,8 @@ class TreeRss:
                 if stage is None:
                     continue
                 try:
-                    tree = [p, *p.children(recursive=True)]
-                    rss = 0
-                    for q in tree:
+                    rss = _hwm(p)
+                    for q in p.children(recursive=True):
                         try:
                             rss += q.memory_info().rss
                         except psutil.NoSuchProcess:
@@ -73,6 +75,18 @@ class TreeRss:
         while not self._stop.is_set():
             self.sample()
             time.sleep(self.interval)
+
+
+def _hwm(p: psutil.Process) -> int:
+    """The process's peak RSS so far (VmHWM), else its RSS now."""
+    try:
+        with open(f"/proc/{p.pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return p.memory_info().rss
 
 
 def db_counts(engine) -> dict[str, int]:
