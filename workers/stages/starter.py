@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -69,31 +70,28 @@ DATA_STAGES = STREAMING_STAGES
 PROFILES = {"plan": frozenset({"plan"}), "model": MODEL_STAGES, "data": DATA_STAGES}
 
 
-def _warm_data() -> None:
-    lean_allocators()  # before pyarrow makes its default pool, as in a fresh stage
-    import pyarrow as pa
+def _import_stages(profile: str) -> None:
+    """The stage runner and the package of every stage the profile forks."""
+    import workers.stages.__main__  # noqa: F401
 
-    import workers.stages.__main__
-    import workers.stages.ingest
-    import workers.stages.mix
-    import workers.stages.split  # noqa: F401
-
-    pa.array(["x"])  # the first conversion of Python objects imports pandas (~0.2 s)
+    for stage in sorted(PROFILES[profile]):
+        importlib.import_module(f"workers.stages.{stage}")
 
 
 def warm(profile: str) -> None:
     """Import what the profile's children import, without loading a model or a tokenizer."""
     if profile == "data":
-        _warm_data()
+        lean_allocators()  # before pyarrow makes its default pool, as in a fresh stage
+        import pyarrow as pa
+
+        _import_stages(profile)
+        pa.array(["x"])  # the first conversion of Python objects imports pandas (~0.2 s)
         return
     import jinja2  # noqa: F401
     import transformers
 
-    import workers.stages.__main__
-
     if profile == "plan":
-        import workers.stages.plan
-
+        _import_stages(profile)
         for name in ("PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer"):
             getattr(transformers, name, None)
         return
@@ -108,11 +106,7 @@ def warm(profile: str) -> None:
         GenerationConfig,
     )
 
-    import workers.stages.evaluate
-    import workers.stages.extract
-    import workers.stages.generate
-    import workers.stages.train  # noqa: F401
-
+    _import_stages(profile)
     for name in ("PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer",
                  "Qwen3ForCausalLM", "Qwen3Config"):
         getattr(transformers, name, None)

@@ -9,11 +9,12 @@ Output: artifact `dataset` (kind `dataset`) at `out_dir/dataset/`: `data.parquet
 `meta.json` (the artifact meta, see `_meta`).
 
 Streaming throughout: lines are parsed one at a time (orjson) and written in row groups of
-`batch_rows` by a writer thread, so memory does not grow with the file. Blocks of `batch_rows`
+`batch_rows` by a writer thread, so memory does not grow with the file. Blocks of `FAST_ROWS`
 input records (Parquet: record batches) go through fast.py first: runs of records with one
-key set in a flat format become columns with Arrow compute, and only the records it cannot
-vouch for take the per-line path (`_Records.one`), which decides everything about them as it
-always did (tests/stages/test_ingest_fast.py: both paths give the same artifact). Bad records are
+key set in a flat format become columns (one Arrow conversion per run), and only the records
+it cannot vouch for take the per-line path (`_Records.per_line`), which decides everything
+about them as it always did (tests/stages/test_ingest_fast.py: both paths give the same
+artifact). Bad records are
 rejected with their line and a reason, never fatal; the whole ingest fails only when the file
 cannot be read, no known format is found, or more than `max_reject_share` of the input records
 are rejected.
