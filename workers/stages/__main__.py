@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None, watch: bool = True) -> int:
         return 2
     spec["type"] = args.type
     if args.type in STREAMING_STAGES:
-        lean_allocators()  # before the stage imports pyarrow
+        lean_allocators(args.type)  # before the stage imports pyarrow
     ctx = StageContext.from_spec(spec)
     mod = importlib.import_module(f"workers.stages.{args.type}")
     try:

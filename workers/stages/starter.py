@@ -81,7 +81,9 @@ def _import_stages(profile: str) -> None:
 def warm(profile: str) -> None:
     """Import what the profile's children import, without loading a model or a tokenizer."""
     if profile == "data":
-        lean_allocators()  # before pyarrow makes its default pool, as in a fresh stage
+        # before pyarrow makes its default pool, as in a fresh stage; each child sets its
+        # own stage's malloc thresholds (__main__)
+        lean_allocators(export=False)
         import pyarrow as pa
 
         _import_stages(profile)
