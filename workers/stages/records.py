@@ -100,12 +100,12 @@ def from_row(row: dict) -> dict:
 class DatasetWriter:
     """Streams records into `<folder>/data.parquet` in row groups of `batch_rows`."""
 
-    def __init__(self, folder: Path | str, batch_rows: int = 2048):
+    def __init__(self, folder: Path | str, batch_rows: int = 2048, compression: str = "zstd"):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.batch_rows = batch_rows
         self._buf: list[dict] = []
-        self._writer = pq.ParquetWriter(self.folder / DATA_FILE, SCHEMA, compression="zstd",
+        self._writer = pq.ParquetWriter(self.folder / DATA_FILE, SCHEMA, compression=compression,
                                         use_dictionary=DICTIONARY_COLUMNS)
         self.count = 0
 

@@ -25,11 +25,13 @@ ShareGPT and LIMA (`conversations` as `{"from", "value"}` turns or as strings) a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from workers.stages.ingest import formats as F
 from workers.stages.ingest.messages import own_id
@@ -104,18 +106,37 @@ class Built:
 
     def messages(self) -> pa.Array:
         """The `messages` column (records.MESSAGE_TYPE lists) of the clean records."""
-        m = len(self.contents)
-        content = pa.array(self.contents, pa.string())
-        role = _ROLES.take(pa.array(np.array(self.roles, np.int8)))
-        none = pa.nulls(m, pa.string())
-        struct = pa.StructArray.from_arrays([role, content, none, none, none, none],
-                                            fields=list(MESSAGE_TYPE))
-        offsets = np.zeros(len(self.counts) + 1, np.int32)
-        np.cumsum(self.counts, out=offsets[1:])
-        return pa.ListArray.from_arrays(pa.array(offsets), struct)
+        return _messages(pa.array(self.contents, pa.string()), np.array(self.roles, np.int8),
+                         self.counts)
 
     def id_array(self) -> pa.Array:
         return pa.array(self.ids, pa.string())
+
+
+class ArrowBuilt(Built):
+    """The same, built from Arrow columns without Python strings (`arrow_single_turn`)."""
+
+    def __init__(self, ok: np.ndarray, ids: pa.Array, messages: pa.Array):
+        self.ok = ok
+        self._ids, self._messages = ids, messages
+
+    def messages(self) -> pa.Array:
+        return self._messages
+
+    def id_array(self) -> pa.Array:
+        return self._ids
+
+
+def _messages(contents: pa.Array, roles: np.ndarray, counts) -> pa.Array:
+    """list<MESSAGE_TYPE> of flattened messages: contents and role codes in order, a count
+    per record."""
+    role = _ROLES.take(pa.array(roles, pa.int8()))
+    none = pa.nulls(len(contents), pa.string())
+    struct = pa.StructArray.from_arrays([role, contents, none, none, none, none],
+                                        fields=list(MESSAGE_TYPE))
+    offsets = np.zeros(len(counts) + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), struct)
 
 
 _ROLES = pa.array(_ROLE_NAMES, pa.string())
@@ -170,6 +191,105 @@ def _single_turn(n: int, prompts: list, answers: list, systems: list | None, ids
     return out
 
 
+# -- single-turn formats from Parquet text columns, without Python strings --------------------
+class Unfit(Exception):
+    """A column the Arrow path does not vouch for (neither text nor, for ids, integers; bad
+    UTF-8): the batch takes the path through Python values instead."""
+
+
+_TEXT_TYPES = (pa.string(), pa.large_string(), pa.string_view())
+_THINK = re.compile(re.escape(b"</think>"))
+
+
+def _text(rows: "BatchRows", key: str) -> pa.Array | None:
+    """A text column as `pa.string()`; None where the key is absent or the column all-null
+    typed (both read as None, as `dict.get` does); another type is Unfit."""
+    if key not in rows.keys:
+        return None
+    arr = rows.batch.column(key)
+    if pa.types.is_null(arr.type):
+        return None
+    if pa.types.is_dictionary(arr.type) and arr.type.value_type in _TEXT_TYPES:
+        arr = arr.cast(arr.type.value_type)
+    if arr.type not in _TEXT_TYPES:
+        raise Unfit(key)
+    if arr.type != pa.string():
+        arr = arr.cast(pa.string())
+    try:
+        arr.validate(full=True)  # UTF-8: the other path's to_pylist raises on bad bytes
+    except pa.ArrowInvalid:
+        raise Unfit(key) from None
+    return arr
+
+
+def _either(rows: "BatchRows", key: str, other: str) -> pa.Array | None:
+    """`_first` on text columns."""
+    a, b = _text(rows, key), _text(rows, other)
+    if a is None or b is None:
+        return a if b is None else b
+    return pc.coalesce(a, b)
+
+
+def _bools(mask: pa.Array, n: int) -> np.ndarray:
+    return mask.fill_null(False).to_numpy(zero_copy_only=False)
+
+
+def _present(arr: pa.Array | None, n: int) -> np.ndarray:
+    """Per row: `s and not s.isspace()`, a non-blank string (Arrow's `utf8_is_space` is
+    `str.isspace` on every code point: tests/stages/test_ingest_fast.py)."""
+    if arr is None:
+        return np.zeros(n, bool)
+    return _bools(pc.and_(pc.greater(pc.binary_length(arr), 0),
+                          pc.invert(pc.utf8_is_space(arr))), n)
+
+
+def _has_think(arr: pa.Array | None, n: int) -> np.ndarray:
+    """Per row: `"</think>" in s`; the text buffer is searched whole first (nearly always it
+    holds none)."""
+    if arr is None or _THINK.search(memoryview(arr.buffers()[2] or b"")) is None:
+        return np.zeros(n, bool)
+    return _bools(pc.match_substring(arr, "</think>"), n)
+
+
+def _id_text(rows: "BatchRows", key: str | None) -> pa.Array | None:
+    if key is None or key not in rows.keys:
+        return None
+    arr = rows.batch.column(key)
+    if pa.types.is_integer(arr.type):
+        return arr.cast(pa.string())
+    return _text(rows, key)
+
+
+def arrow_ids(rows: "BatchRows", key: str = "id", alt: str | None = None) -> pa.Array:
+    """`_ids` as a column: text ids as they are (empty ones null), integer ids in decimal;
+    a column of another type goes through `_ids`."""
+    try:
+        a, b = _id_text(rows, key), _id_text(rows, alt)
+    except Unfit:
+        return pa.array(_ids(rows, key, alt), pa.string())
+    ids = a if b is None else b if a is None else pc.coalesce(a, b)
+    if ids is None:
+        return pa.nulls(rows.n, pa.string())
+    return pc.if_else(pc.greater(pc.binary_length(ids), 0), ids, pa.scalar(None, pa.string()))
+
+
+def arrow_single_turn(n: int, prompts: pa.Array | None, answers: pa.Array | None,
+                      systems: pa.Array | None, ids: pa.Array,
+                      odd: np.ndarray | None = None) -> ArrowBuilt:
+    """`_single_turn` on text columns in Arrow compute: the same records, the same messages."""
+    ok = _present(prompts, n) & ~_has_think(answers, n)
+    if odd is not None:
+        ok &= ~odd
+    parts = np.stack([_present(systems, n) & ok, ok, _present(answers, n) & ok], axis=1)
+    at = np.arange(n)
+    where = np.stack([at, at + n, at + 2 * n], axis=1)[parts]
+    none = pa.nulls(n, pa.string())
+    texts = pa.concat_arrays([x if x is not None else none for x in (systems, prompts, answers)])
+    roles = np.broadcast_to(np.array([SYSTEM, USER, ASSISTANT], np.int8), (n, 3))[parts]
+    messages = _messages(texts.take(pa.array(where)), roles, parts.sum(axis=1)[ok])
+    return ArrowBuilt(ok, ids.filter(pa.array(ok)), messages)
+
+
 def _first(rows: Rows, key: str, other: str) -> list:
     """`obj.get(key)`, or `obj.get(other)` where that is None."""
     vals = rows.col(key)
@@ -181,6 +301,11 @@ def _first(rows: Rows, key: str, other: str) -> list:
 def alpaca(rows: Rows) -> Built:
     """formats.alpaca: the input follows the instruction after a blank line where it is
     truthy (then both must be strings); `history` sends the record per line."""
+    if isinstance(rows, BatchRows):
+        try:
+            return _arrow_alpaca(rows)
+        except Unfit:
+            pass
     prompts = rows.col("instruction")
     odd = _truthy(rows, "history")
     if "input" in rows.keys:
@@ -194,12 +319,37 @@ def alpaca(rows: Rows) -> Built:
                         _ids(rows), odd)
 
 
+def _arrow_alpaca(rows: "BatchRows") -> Built:
+    ins, inp = _text(rows, "instruction"), _text(rows, "input")
+    odd = np.array(_truthy(rows, "history"), bool)
+    if inp is not None:
+        given = _bools(pc.greater(pc.binary_length(inp), 0), rows.n)
+        odd |= given if ins is None else given & _bools(ins.is_null(), rows.n)
+        if ins is not None:
+            ins = pc.if_else(pa.array(given), pc.binary_join_element_wise(ins, inp, "\n\n"), ins)
+    return arrow_single_turn(rows.n, ins, _either(rows, "output", "response"),
+                             _text(rows, "system"), arrow_ids(rows), odd)
+
+
 def openorca(rows: Rows) -> Built:
+    if isinstance(rows, BatchRows):
+        try:
+            return arrow_single_turn(rows.n, _text(rows, "question"),
+                                     _either(rows, "response", "answer"),
+                                     _text(rows, "system_prompt"), arrow_ids(rows))
+        except Unfit:
+            pass
     return _single_turn(rows.n, rows.col("question"), _first(rows, "response", "answer"),
                         rows.col("system_prompt"), _ids(rows))
 
 
 def magicoder(rows: Rows) -> Built:
+    if isinstance(rows, BatchRows):
+        try:
+            return arrow_single_turn(rows.n, _text(rows, "problem"), _text(rows, "solution"),
+                                     None, arrow_ids(rows, "id", "index"))
+        except Unfit:
+            pass
     return _single_turn(rows.n, rows.col("problem"), rows.col("solution"), None,
                         _ids(rows, "id", "index"))
 
