@@ -230,7 +230,7 @@ def _either(rows: "BatchRows", key: str, other: str) -> pa.Array | None:
     return pc.coalesce(a, b)
 
 
-def _bools(mask: pa.Array, n: int) -> np.ndarray:
+def _bools(mask: pa.Array) -> np.ndarray:
     return mask.fill_null(False).to_numpy(zero_copy_only=False)
 
 
@@ -240,7 +240,7 @@ def _present(arr: pa.Array | None, n: int) -> np.ndarray:
     if arr is None:
         return np.zeros(n, bool)
     return _bools(pc.and_(pc.greater(pc.binary_length(arr), 0),
-                          pc.invert(pc.utf8_is_space(arr))), n)
+                          pc.invert(pc.utf8_is_space(arr))))
 
 
 def _has_think(arr: pa.Array | None, n: int) -> np.ndarray:
@@ -248,7 +248,7 @@ def _has_think(arr: pa.Array | None, n: int) -> np.ndarray:
     holds none)."""
     if arr is None or _THINK.search(memoryview(arr.buffers()[2] or b"")) is None:
         return np.zeros(n, bool)
-    return _bools(pc.match_substring(arr, "</think>"), n)
+    return _bools(pc.match_substring(arr, "</think>"))
 
 
 def _id_text(rows: "BatchRows", key: str | None) -> pa.Array | None:
@@ -323,8 +323,8 @@ def _arrow_alpaca(rows: "BatchRows") -> Built:
     ins, inp = _text(rows, "instruction"), _text(rows, "input")
     odd = np.array(_truthy(rows, "history"), bool)
     if inp is not None:
-        given = _bools(pc.greater(pc.binary_length(inp), 0), rows.n)
-        odd |= given if ins is None else given & _bools(ins.is_null(), rows.n)
+        given = _bools(pc.greater(pc.binary_length(inp), 0))
+        odd |= given if ins is None else given & _bools(ins.is_null())
         if ins is not None:
             ins = pc.if_else(pa.array(given), pc.binary_join_element_wise(ins, inp, "\n\n"), ins)
     return arrow_single_turn(rows.n, ins, _either(rows, "output", "response"),

@@ -36,7 +36,7 @@ def _np(arr: pa.Array) -> np.ndarray:
 
 
 _P = np.uint64(0x100000001B3)  # odd: invertible modulo 2**64
-_P_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
+_P_INV = np.uint64(pow(int(_P), -1, 1 << 64))
 _LEN_K = np.uint64(0x9E3779B97F4A7C15)
 
 
