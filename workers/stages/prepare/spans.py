@@ -45,6 +45,9 @@ KNOWN_END_TOKENS = (
 # Marker delimiters: private-use code points no tokenizer treats as whitespace. A second pair
 # is used for the rare record that already contains the first.
 _MARK_PAIRS = (("\ue000", "\ue001"), ("\U000f0000", "\U000f0001"))
+# A marker: <open><message index><field letter><tool-call index?><s|e><close>
+_MARKER_RE = {(o, c): re.compile(f"{re.escape(o)}(\\d+)([a-z]\\d*[se]){re.escape(c)}")
+              for o, c in _MARK_PAIRS}
 
 
 class RecordRejected(Exception):
@@ -67,8 +70,13 @@ class Located:
 def answered(m: dict) -> bool:
     """An assistant message with something the model produced (not an empty placeholder)."""
     return m["role"] == "assistant" and bool(
-        (m.get("content") or "").strip() or (m.get("reasoning_content") or "").strip()
+        _has_text(m.get("content")) or _has_text(m.get("reasoning_content"))
         or m.get("tool_calls"))
+
+
+def _has_text(s: str | None) -> bool:
+    """`bool(s.strip())` without copying s."""
+    return s is not None and s != "" and not s.isspace()
 
 
 def trained_indices(msgs: list[dict], train_on: str) -> list[int]:
@@ -218,9 +226,9 @@ class _LevelFailed(Exception):
 
 
 def _free_marker_pair(msgs: list[dict]) -> tuple[str, str]:
-    blob = "".join((m.get("content") or "") + (m.get("reasoning_content") or "") for m in msgs)
+    texts = [t for m in msgs for t in (m.get("content"), m.get("reasoning_content")) if t]
     for o, c in _MARK_PAIRS:
-        if o not in blob and c not in blob:
+        if not any(o in t or c in t for t in texts):
             return o, c
     raise RecordRejected("mask_locate_failed", "the record contains the reserved marker "
                          "characters U+E000/U+E001 and U+F0000/U+F0001")
@@ -248,10 +256,10 @@ def _mark(msgs: list[dict], level: int, pair: tuple[str, str]) -> list[dict]:
             out.append(m)
             continue
         d = dict(m)
-        if m["content"].strip():
+        if _has_text(m["content"]):
             d["content"] = _wrap(m["content"], f"{i}c", pair)
         r = m.get("reasoning_content")
-        if r and r.strip():
+        if r is not None and _has_text(r):
             w = _wrap(r, f"{i}r", pair)
             d["reasoning_content"] = d["thinking"] = d["reasoning"] = w
         if level < 2 and m.get("tool_calls"):
@@ -273,8 +281,7 @@ def _mark(msgs: list[dict], level: int, pair: tuple[str, str]) -> list[dict]:
 def _strip_markers(marked: str, pair: tuple[str, str]) -> tuple[str, dict[int, list[int]]]:
     """Remove markers; return the text and, per message, the positions (in the stripped
     text) of the first occurrence of each of its markers."""
-    o, c = pair
-    rx = re.compile(f"{re.escape(o)}(\\d+)([a-z]\\d*[se]){re.escape(c)}")
+    rx = _MARKER_RE[pair]
     parts: list[str] = []
     anchors: dict[int, list[int]] = {}
     seen: set[str] = set()
