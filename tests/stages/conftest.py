@@ -87,3 +87,12 @@ def demo_target() -> Path:
     from workers.stages.demo_target import cached_demo_target
 
     return cached_demo_target()
+
+
+@pytest.fixture(scope="session")
+def qwen_tok():
+    """The real Qwen3 tokenizer (loaded once: the mask tests share it)."""
+    from workers.stages.prepare.masks import load_tokenizer
+    from workers.stages.tinymodel import qwen3_tokenizer_dir
+
+    return load_tokenizer(qwen3_tokenizer_dir())

@@ -17,7 +17,7 @@ from tests.stages.prepare_support import (
     TEMPLATE_FAMILY, A, S, T, U, expected_mask, m, rec, runs, small_tokenizer, tool_call,
 )
 
-from workers.stages.prepare.masks import build_masker, load_tokenizer, tokenize_batch
+from workers.stages.prepare.masks import build_masker, tokenize_batch
 from workers.stages.prepare.spans import RecordRejected
 
 NOW = datetime(2025, 3, 14, tzinfo=timezone.utc)
@@ -90,13 +90,6 @@ CASES = {
 
 REAL_QWEN = {"qwen3", "qwen3_2025-04_llamacpp", "qwen3_6", "qwen3_5", "qwen2_5", "chatml",
              "qwen3_6_training_generation_tags"}
-
-
-@pytest.fixture(scope="module")
-def qwen_tok():
-    from workers.stages.tinymodel import qwen3_tokenizer_dir
-
-    return load_tokenizer(qwen3_tokenizer_dir())
 
 
 def tokenizer_for(name: str, qwen_tok, real: bool):
