@@ -285,3 +285,23 @@ def test_runs_alone_from_the_command_line(tmp_path, tiny_target):
     err = json.loads(Path(bad["events_path"]).read_text().splitlines()[-1])
     assert err["kind"] == "error" and err["data"]["code"] == "template_error"
     assert "(line 1)" in err["data"]["message"]
+
+
+def test_max_samples_takes_the_first_records_over_row_groups(tmp_path, small_target):
+    """Tasks are slices of the Arrow batches the parent reads (row groups of 8 here, 3 rows a
+    task): the first max_samples records, in order, whatever the boundaries."""
+    from datasets import load_from_disk
+
+    from workers.stages.records import DatasetWriter
+
+    recs = records()
+    ds = tmp_path / "ds"
+    with DatasetWriter(ds, batch_rows=8) as w:
+        for r in recs:
+            w.write(r)
+    spec = spec_for(tmp_path, small_target, recs, num_workers=2, records_per_task=3,
+                    max_samples=21)
+    summary, ctx = run_spec(spec)
+    rows = load_from_disk(str(Path(spec["out_dir"]) / ctx.artifacts[0]["path"])).with_format(None)
+    assert rows["id"] == [r["id"] for r in recs[:21] if r["id"] != "prompt_only"]
+    assert summary["rejected_by_reason"] == {"needs_generate": 1}

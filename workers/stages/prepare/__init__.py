@@ -24,8 +24,8 @@ import os
 import shutil
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime, timezone
-from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +44,7 @@ from workers.stages.prepare.masks import (
 )
 from workers.stages.prepare.pool import (
     STAT_KEYS,
+    Chunk,
     ChunkResult,
     MaskerConfig,
     adopt_masker,
@@ -51,7 +52,7 @@ from workers.stages.prepare.pool import (
 )
 from workers.stages.prepare.spans import RecordRejected
 from workers.stages.prepare.templates import check_template, resolve_template_text, template_sha256
-from workers.stages.prepare.tokenrows import TURNS_KEY, TokenIndex
+from workers.stages.prepare.tokenrows import TokenIndex
 from workers.stages.prepare.vocab import (
     TokenCounter,
     save_token_freq,
@@ -59,7 +60,7 @@ from workers.stages.prepare.vocab import (
     target_vocab_size,
 )
 from workers.stages.prepare.writer import TokenizedWriter, length_percentiles
-from workers.stages.records import TOKEN_IDS_FILE, count_records, iter_records
+from workers.stages.records import DATA_FILE, TOKEN_IDS_FILE, count_records, open_parquet
 
 __all__ = ["run", "tokenize_record", "tokenize_batch", "check_template", "build_masker",
            "RecordRejected", "template_sha256", "resolve_setup", "Masker"]
@@ -134,20 +135,24 @@ def _token_index(dataset: dict, same_setup: bool, params: PrepareParams) -> Toke
                           f"{path}: {e}") from None
 
 
-def _chunks(folder: str, per_task: int, limit: int | None, tokens: TokenIndex | None):
-    it = iter_records(folder, batch_rows=max(per_task, 256))
-    if limit is not None:
-        it = islice(it, limit)
-    while True:
-        chunk = list(islice(it, per_task))
-        if not chunk:
+def _chunks(folder: str, per_task: int, limit: int | None, tokens: TokenIndex | None
+            ) -> Iterator[Chunk]:
+    """The dataset's rows, `per_task` a task (fewer at a row group's end), the first `limit`."""
+    left = limit
+    for batch in open_parquet(Path(folder) / DATA_FILE).iter_batches(
+            batch_size=max(per_task, 256)):
+        if left is not None:
+            batch = batch.slice(0, left)
+            left -= batch.num_rows
+        for start in range(0, batch.num_rows, per_task):
+            part = batch.slice(start, per_task)
+            turns = None
+            if tokens is not None:
+                turns = {k: t for k, rid in enumerate(part.column("id").to_pylist())
+                         if (t := tokens.turns(str(rid)))}
+            yield Chunk.of(part, turns)
+        if left == 0:
             return
-        if tokens is not None:
-            for rec in chunk:
-                turns = tokens.turns(str(rec["id"]))
-                if turns:
-                    rec[TURNS_KEY] = turns
-        yield chunk
 
 
 def run(spec: dict, ctx: StageContext) -> dict:
