@@ -305,3 +305,43 @@ def test_max_samples_takes_the_first_records_over_row_groups(tmp_path, small_tar
     rows = load_from_disk(str(Path(spec["out_dir"]) / ctx.artifacts[0]["path"])).with_format(None)
     assert rows["id"] == [r["id"] for r in recs[:21] if r["id"] != "prompt_only"]
     assert summary["rejected_by_reason"] == {"needs_generate": 1}
+
+
+def test_a_pool_worker_dies_on_sigterm_whichever_thread_takes_it():
+    """The stage turns SIGTERM into an exception in its main thread; a pool worker must not,
+    or a signal the kernel hands to another of its threads leaves it blocked on its task
+    queue forever (the pool's terminate() then waits on it: an 800K prepare hung so)."""
+    import multiprocessing as mp
+    import os
+    import signal
+    import threading
+    import time
+
+    from workers.stages.__main__ import _sigterm
+    from workers.stages.prepare.pool import MaskerConfig, adopt_masker, init_pool_worker
+
+    cfg = MaskerConfig("tok", "tmpl", {}, "all", "2026-01-01T00:00:00", [], "auto", None,
+                       "truncate", 1)
+    adopt_masker(cfg, None)  # type: ignore[arg-type]  # the worker finds it built: no tokenizer
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+
+    def worker():
+        signal.signal(signal.SIGTERM, _sigterm)  # what it inherits from the stage
+        init_pool_worker(cfg)
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # only that thread can
+        ready.set()
+        time.sleep(30)
+
+    p = ctx.Process(target=worker)
+    p.start()
+    try:
+        assert ready.wait(10)
+        os.kill(p.pid, signal.SIGTERM)
+        p.join(10)
+        assert p.exitcode == -signal.SIGTERM
+    finally:
+        if p.is_alive():
+            p.kill()
+            p.join()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -55,7 +56,8 @@ class Chunk:
         return cls(sink.getvalue(), turns)
 
     def records(self) -> list[dict]:
-        recs = [from_row(r) for r in pa.ipc.open_stream(self.rows).read_all().to_pylist()]
+        reader = pa.ipc.open_stream(self.rows, options=pa.ipc.IpcReadOptions(use_threads=False))
+        recs = [from_row(r) for r in reader.read_all().to_pylist()]
         for k, turns in (self.turns or {}).items():
             recs[k][TURNS_KEY] = turns
         return recs
@@ -105,6 +107,16 @@ def init_worker(cfg: MaskerConfig) -> None:
     if _WORKER.get("cfg") != cfg:
         _WORKER["masker"] = cfg.build()
         _WORKER["cfg"] = cfg
+
+
+def init_pool_worker(cfg: MaskerConfig) -> None:
+    """A pool process: SIGTERM kills it outright. It inherits the stage's handler, which turns
+    SIGTERM into an exception in the main thread; but the kernel may hand the signal to any
+    thread (Arrow's, an allocator's), and a main thread blocked waiting for a task then never
+    runs the handler. The pool's own terminate() hung that way at the end of an 800K-record
+    prepare, every chunk done. The stage process unwinds; its workers have nothing to."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    init_worker(cfg)
 
 
 def adopt_masker(cfg: MaskerConfig, masker: Masker) -> None:
@@ -190,7 +202,7 @@ def run_chunks(cfg: MaskerConfig, chunks: Iterable[Chunk | list[dict]], num_work
             on_result(process_chunk(chunk))
         return
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    with mp.get_context(method).Pool(num_workers, initializer=init_worker,
+    with mp.get_context(method).Pool(num_workers, initializer=init_pool_worker,
                                       initargs=(cfg,)) as pool:
         pending: deque = deque()
         for chunk in chunks:
@@ -199,3 +211,7 @@ def run_chunks(cfg: MaskerConfig, chunks: Iterable[Chunk | list[dict]], num_work
                 on_result(pending.popleft().get())
         while pending:
             on_result(pending.popleft().get())
+        # done: the workers take their end-of-work sentinel and exit; terminate() (the
+        # with-block's exit, and an error's path) signals them
+        pool.close()
+        pool.join()
