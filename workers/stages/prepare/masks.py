@@ -12,7 +12,8 @@ reply. Every other token is the whole rendering's tokenization.
 
 Self-check: the masked tokens of each turn must decode to the text the template rendered for
 that turn (normalized as the tokenizer normalizes). A record that fails is rejected with the
-reason; a wrong mask is never written.
+reason; a wrong mask is never written. For a byte-level decoder, a turn whose tokens' bytes
+(`ByteTable`, the decoder's own rule) are exactly its text passes without a decode call.
 """
 
 from __future__ import annotations
