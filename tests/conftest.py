@@ -4,6 +4,7 @@ uvicorn API process and real worker processes (Celery) against them."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -281,6 +282,14 @@ def member(api) -> Api:
 @pytest.fixture(scope="session")
 def home() -> Path:
     return _HOME
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A passing session takes its home with it (its workers' logs, artifacts and models: up
+    to 300 MB each, 8 folders a `make test`, which /tmp kept run after run); a failing one
+    keeps it for its logs."""
+    if exitstatus == 0:
+        shutil.rmtree(_HOME, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter):
