@@ -158,12 +158,20 @@ def open_parquet(source) -> pq.ParquetFile:
     return pq.ParquetFile(source, pre_buffer=False, buffer_size=READ_BUFFER)
 
 
+def iter_batches(folder: Path | str, batch_rows: int = 2048) -> Iterator[pa.RecordBatch]:
+    """A dataset folder's rows as Arrow batches, streaming."""
+    return open_parquet(Path(folder) / DATA_FILE).iter_batches(batch_size=batch_rows)
+
+
+def batch_records(batch: pa.RecordBatch | pa.Table) -> list[dict]:
+    """Rows as records (`from_row` dicts)."""
+    return [from_row(row) for row in batch.to_pylist()]
+
+
 def iter_records(folder: Path | str, batch_rows: int = 2048) -> Iterator[dict]:
     """Yield records (as `from_row` dicts) from a dataset folder, streaming."""
-    pf = open_parquet(Path(folder) / DATA_FILE)
-    for batch in pf.iter_batches(batch_size=batch_rows):
-        for row in batch.to_pylist():
-            yield from_row(row)
+    for batch in iter_batches(folder, batch_rows):
+        yield from batch_records(batch)
 
 
 def count_records(folder: Path | str) -> int:

@@ -60,7 +60,7 @@ from workers.stages.prepare.vocab import (
     target_vocab_size,
 )
 from workers.stages.prepare.writer import TokenizedWriter, length_percentiles
-from workers.stages.records import DATA_FILE, TOKEN_IDS_FILE, count_records, open_parquet
+from workers.stages.records import TOKEN_IDS_FILE, count_records, iter_batches
 
 __all__ = ["run", "tokenize_record", "tokenize_batch", "check_template", "build_masker",
            "RecordRejected", "template_sha256", "resolve_setup", "Masker"]
@@ -139,8 +139,7 @@ def _chunks(folder: str, per_task: int, limit: int | None, tokens: TokenIndex | 
             ) -> Iterator[Chunk]:
     """The dataset's rows, `per_task` a task (fewer at a row group's end), the first `limit`."""
     left = limit
-    for batch in open_parquet(Path(folder) / DATA_FILE).iter_batches(
-            batch_size=max(per_task, 256)):
+    for batch in iter_batches(folder, max(per_task, 256)):
         if left is not None:
             batch = batch.slice(0, left)
             left -= batch.num_rows

@@ -37,7 +37,7 @@ from workers.stages.prepare.spans import RecordRejected
 from workers.stages.prepare.tokenrows import TURNS_KEY, encode_token_turns
 from workers.stages.prepare.vocab import chunk_frequencies
 from workers.stages.prepare.writer import rows_to_batch
-from workers.stages.records import from_row
+from workers.stages.records import batch_records
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Chunk:
 
     def records(self) -> list[dict]:
         reader = pa.ipc.open_stream(self.rows, options=pa.ipc.IpcReadOptions(use_threads=False))
-        recs = [from_row(r) for r in reader.read_all().to_pylist()]
+        recs = batch_records(reader.read_all())
         for k, turns in (self.turns or {}).items():
             recs[k][TURNS_KEY] = turns
         return recs
