@@ -77,3 +77,59 @@ def test_generation_tag_detected(templates_dir):
     has = {p.stem for p in templates_dir.glob("*.jinja") if "BROKEN" not in p.stem
            and ChatTemplate(p.read_text(), special_tokens_of(tok), {}, datetime.now()).has_generation}
     assert has == {"qwen3_6_training_generation_tags"}
+
+
+# Our sandbox's shortcuts (templates.py `_Sandbox`, `ChatTemplate.render`) against jinja's own
+# immutable sandbox with transformers' options: the same output, or the same error.
+SANDBOX_CASES = {
+    "str methods in a loop": "{% for x in messages %}{{ x.content.split('l')[0].upper() }}"
+                             "{{ x.content.startswith('H') }}{% endfor %}",
+    "dict get and items": "{{ messages[0].get('role') }}{{ messages[0].items() | list | length }}",
+    "namespace in a loop": "{% set ns = namespace(n=0) %}{% for x in messages %}"
+                           "{% set ns.n = ns.n + x.content | length %}{% endfor %}{{ ns.n }}",
+    "loop attributes": "{% for x in messages %}{{ loop.index0 }}{{ loop.last }}{% endfor %}",
+    "format_map": "{{ '{r}!'.format_map({'r': messages[0].role}) }}",
+    "format reaches an attribute": "{{ '{0.__class__}'.format(messages) }}",
+    "dunder chain": "{{ ''.__class__.__mro__ }}",
+    "mutating a list": "{% set _ = messages.append(1) %}{{ messages | length }}",
+    "mutating a dict": "{{ messages[0].update({'role': 'x'}) }}{{ messages[0].role }}",
+    "raise_exception": "{% for x in messages %}{{ raise_exception('no ' + x.role) }}{% endfor %}",
+    "a method on undefined": "{{ nothing.split('x') }}",
+    "a missing key": "{{ messages[0].nope }}|{{ messages[0]['nope'] }}",
+    "a top-level set stays in its render": "{% if y is defined %}leak{% endif %}{% set y = 1 %}"
+                                           "{{ y }}",
+}
+
+
+def _reference_render(src: str, msgs: list[dict]) -> tuple[str, str]:
+    """("ok", output) or (error type, message) from jinja's own sandbox."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return "ok", env.from_string(src).render(messages=msgs, tools=None, documents=None,
+                                                  add_generation_prompt=False)
+    except jinja2.TemplateError as e:
+        return "error", e.message or str(e)
+
+
+@pytest.mark.parametrize("case", sorted(SANDBOX_CASES))
+def test_our_sandbox_renders_and_refuses_as_jinjas_own(case):
+    src = SANDBOX_CASES[case]
+    tmpl = ChatTemplate(src, {}, {}, datetime.now())
+    for _ in range(3):  # the shortcuts apply from the second access on (cached verdicts)
+        msgs = to_template_messages([m(U, "Hello"), m(A, "Hi there")])
+        want = _reference_render(src, [dict(x) for x in msgs])
+        try:
+            got = ("ok", tmpl.render(msgs))
+        except TemplateRenderError as e:
+            got = ("error", str(e))
+        assert got == want, case
+        assert [x["role"] for x in msgs] == ["user", "assistant"]  # nothing was mutated
