@@ -304,3 +304,7 @@ def test_a_kept_history_makes_one_row_that_trains_every_turn():
     with pytest.raises(RecordRejected) as e:
         encode_token_turns(rec, [{**t1, "turn": 2}], "all")
     assert e.value.code == "token_ids_mismatch"
+    with pytest.raises(RecordRejected) as e:
+        encode_token_turns(rec, [{**t1, "completion_ids": [4, -3]}], "all")
+    assert e.value.code == "token_ids_mismatch"
+    assert "negative token id (-3)" in e.value.detail

@@ -111,3 +111,26 @@ def test_peak_rss_does_not_grow_with_the_rows(tmp_path):
     big = _peak_growth_kb(tmp_path / "big", 40)
     assert len(list((tmp_path / "big").glob("data-*.arrow"))) > 4
     assert big - small < 64 * 1024, (small, big)
+
+
+def test_rows_travel_narrow_and_are_written_int64_exactly():
+    """Workers send ids as uint32 and masks as uint8 when they fit (pool.ChunkResult); ids
+    that do not fit travel as they are. Either way the batch is the int64 rows."""
+    from workers.stages.prepare.pool import _narrow
+    from workers.stages.prepare.writer import SCHEMA, flat_to_batch
+
+    ids = np.array([0, 151_668, 2**32 - 1, 5], dtype=np.int64)
+    mask = np.array([0, 1, 1, 0], dtype=np.int64)
+    assert _narrow(ids, np.uint32).dtype == np.uint32
+    assert _narrow(mask, np.uint8).dtype == np.uint8
+    big = np.array([1, 2**32], dtype=np.int64)
+    assert _narrow(big, np.uint32).dtype == np.int64          # does not fit: as it is
+    assert _narrow(np.array([-1]), np.uint32).dtype != np.uint32
+    lengths = np.array([1, 3], dtype=np.int64)
+    for a, b in ((ids, mask), (_narrow(ids, np.uint32), _narrow(mask, np.uint8))):
+        batch = flat_to_batch(["x", "y"], lengths, a, b)
+        assert batch.schema == SCHEMA
+        assert batch.to_pylist() == [
+            {"input_ids": [0], "loss_mask": [0], "seq_len": 1, "id": "x"},
+            {"input_ids": [151_668, 2**32 - 1, 5], "loss_mask": [1, 1, 0], "seq_len": 3,
+             "id": "y"}]

@@ -194,7 +194,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
     agg = {"done": 0, "masked": 0, "truncated": 0, **dict.fromkeys(STAT_KEYS, 0)}
 
     def on_result(res: ChunkResult) -> None:
-        writer.write(res.batch)
+        writer.write(res.batch())
         for rid, src, reason, detail in res.rejects:
             rejects.add(rid, reason, detail, src)
             if reason == "template_error":

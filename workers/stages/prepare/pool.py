@@ -36,7 +36,7 @@ from workers.stages.prepare.masks import (
 from workers.stages.prepare.spans import RecordRejected
 from workers.stages.prepare.tokenrows import TURNS_KEY, encode_token_turns
 from workers.stages.prepare.vocab import chunk_frequencies
-from workers.stages.prepare.writer import rows_to_batch
+from workers.stages.prepare.writer import flat_to_batch
 from workers.stages.records import batch_records
 
 
@@ -87,15 +87,32 @@ class MaskerConfig:
 
 @dataclass
 class ChunkResult:
-    batch: pa.RecordBatch
+    """A chunk's rows as flat arrays: its ids end to end as uint32 and masks as uint8 where
+    they fit (5 bytes a token through the pipe instead of the output's 16; the parent widens
+    them as it writes, `batch()`)."""
+
+    row_ids: list[str]                             # the record id of each row
+    lengths: np.ndarray                            # seq_len of the rows
+    flat_ids: np.ndarray
+    flat_mask: np.ndarray
     rejects: list[tuple[str, str, str, str]]      # (id, source, reason, detail)
     freq_ids: np.ndarray
     freq_counts: np.ndarray
-    lengths: np.ndarray                            # seq_len of the kept rows
     masked: int
     truncated: int
     n_records: int                                 # records in the chunk (kept + rejected)
     stats: dict[str, int] = field(default_factory=dict)
+
+    def batch(self) -> pa.RecordBatch:
+        return flat_to_batch(self.row_ids, self.lengths, self.flat_ids, self.flat_mask)
+
+
+def _narrow(a: np.ndarray, dtype: type) -> np.ndarray:
+    """`a` as `dtype` when every value fits, else as it is."""
+    if not len(a):
+        return a.astype(dtype)
+    info = np.iinfo(dtype)
+    return a.astype(dtype) if info.min <= a.min() and a.max() <= info.max else a
 
 
 _WORKER: dict = {}
@@ -185,11 +202,14 @@ def process_chunk(chunk: Chunk | list[dict]) -> ChunkResult:
             stats["boundary_splits"] += enc.boundary_splits
             stats["turns_without_end_token"] += enc.turns_without_end
             stats["turns_skipped_empty"] += enc.turns_skipped
-    f_ids, f_counts = chunk_frequencies(input_ids, masks)
     lengths = np.fromiter((len(x) for x in input_ids), dtype=np.int64, count=len(input_ids))
-    masked = int(sum(int(m.sum()) for m in masks))
-    return ChunkResult(rows_to_batch(ids, input_ids, masks), rejects, f_ids, f_counts, lengths,
-                       masked, truncated, len(records), stats)
+    empty = np.zeros(0, dtype=np.int64)
+    flat_ids = np.concatenate(input_ids) if input_ids else empty
+    flat_mask = np.concatenate(masks) if masks else empty
+    f_ids, f_counts = chunk_frequencies(flat_ids, flat_mask)
+    return ChunkResult(ids, lengths, _narrow(flat_ids, np.uint32), _narrow(flat_mask, np.uint8),
+                       rejects, f_ids, f_counts, int(flat_mask.sum()), truncated, len(records),
+                       stats)
 
 
 def run_chunks(cfg: MaskerConfig, chunks: Iterable[Chunk | list[dict]], num_workers: int,

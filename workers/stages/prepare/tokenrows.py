@@ -91,6 +91,10 @@ def encode_token_turns(record: dict, turns: list[dict], train_on: str) -> list[E
             raise RecordRejected("token_ids_mismatch", f"turn {i} has no completion ids")
     seqs = [np.asarray(list(t["prompt_ids"]) + list(t["completion_ids"]), dtype=np.int64)
             for t in turns]
+    for t, seq in zip(turns, seqs):
+        if len(seq) and seq.min() < 0:
+            raise RecordRejected("token_ids_mismatch", f"turn {t['turn']} has a negative "
+                                 f"token id ({int(seq.min())})")
     starts = [len(t["prompt_ids"]) for t in turns]
     if train_on == "last":
         groups = [[len(turns) - 1]]

@@ -33,20 +33,20 @@ class TokenCounter:
             grown = np.zeros(int(ids.max()) + 1, dtype=np.int64)
             grown[: len(self.counts)] = self.counts
             self.counts = grown
-        np.add.at(self.counts, ids, counts)
+        self.counts[ids] += counts  # ids are unique (chunk_frequencies)
 
     def as_dict(self) -> dict[int, int]:
         nz = np.nonzero(self.counts)[0]
         return {int(i): int(self.counts[i]) for i in nz}
 
 
-def chunk_frequencies(input_ids: list[np.ndarray], loss_masks: list[np.ndarray]
+def chunk_frequencies(flat_ids: np.ndarray, flat_mask: np.ndarray
                       ) -> tuple[np.ndarray, np.ndarray]:
-    if not input_ids:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    ids = np.concatenate(input_ids)
-    mask = np.concatenate(loss_masks).astype(bool)
-    return np.unique(ids[mask], return_counts=True)
+    """(ids, counts) of the masked tokens of a chunk (ids end to end, masks alike), ids
+    ascending and unique."""
+    counts = np.bincount(flat_ids[flat_mask != 0].astype(np.int64, copy=False))
+    seen = np.flatnonzero(counts)
+    return seen, counts[seen]
 
 
 def save_token_freq(path: Path, freq: dict[int, int]) -> None:
