@@ -26,7 +26,8 @@ bench/_scale_measure.py), the bytes of the artifacts it wrote, the database rows
 
 Baselines, measured in the same run: the tokenizer floor (the same tokenizer batch-encoding
 the same rendered texts in this process, `tokenizer(texts)` 8,192 texts a call, on the whole
-mixed dataset or its first `--floor-records` records), and HF `datasets`
+mixed dataset or its first `--floor-records` records, half of the calls right before the
+prepare job and half right after), and HF `datasets`
 (`load_dataset(json|parquet)` + `to_parquet`, in a child process) on the same six files for
 ingest (sizes up to `--hf-max`).
 
@@ -185,16 +186,20 @@ class Bench:
         return self.measure("prepare", n, go), got
 
 
-def tokenizer_floor(dataset_dir: Path, tok_dir: Path, limit: int = 0,
-                    batch: int = 8192) -> tuple[float, int]:
-    """tokens/s of the fast tokenizer batch-encoding the rendered texts of the first `limit`
-    records (0: all of them, the set prepare tokenized), `batch` texts a call (rendering
-    untimed), and the records used.
+def tokenizer_floor(dataset_dir: Path, tok_dir: Path, limit: int = 0, batch: int = 8192,
+                    part: int = 0, parts: int = 1) -> tuple[int, float, int]:
+    """(tokens, seconds, records) of the fast tokenizer batch-encoding the rendered texts of
+    the first `limit` records (0: all of them, the set prepare tokenized), `batch` texts a
+    call (rendering untimed); with `parts` > 1 only the batches whose number is `part`
+    modulo `parts`.
 
     The whole set by default: on a 50K-record prefix the first call alone is 15-30% slower
     than the following ones (the tokenizer's caches and the allocator warm up; measured
     1.03-1.31 M tok/s cold vs 1.44 M warm on the 800K set's prefix), so a prefix measured
-    once flattered prepare, whose workers warm up once over the whole set."""
+    once flattered prepare, whose workers warm up once over the whole set. The bench runs
+    it in two parts, one before the prepare job and one after: this machine's speed drifts
+    by 10% over minutes (the floor alone measured 1.40-1.56 M tok/s on the same set), and
+    a floor measured only after the job compared it with another machine state."""
     from workers.stages.prepare.masks import build_masker, load_tokenizer
     from workers.stages.prepare.templates import to_template_messages
     from workers.stages.records import iter_records
@@ -206,23 +211,25 @@ def tokenizer_floor(dataset_dir: Path, tok_dir: Path, limit: int = 0,
     texts: list[str] = []
 
     def encode() -> None:
-        nonlocal tokens, spent
+        nonlocal tokens, spent, used
         t0 = time.perf_counter()
         enc = tok(texts, add_special_tokens=False)
         spent += time.perf_counter() - t0
         tokens += sum(len(x) for x in enc["input_ids"])
+        used += len(texts)
         texts.clear()
 
-    for r in iter_records(dataset_dir):
+    for k, r in enumerate(iter_records(dataset_dir)):
+        if k == limit and limit:
+            break
+        if (k // batch) % parts != part:
+            continue
         texts.append(masker.template.render(to_template_messages(r["messages"])))
-        used += 1
         if len(texts) >= batch:
             encode()
-        if used == limit:
-            break
     if texts:
         encode()
-    return tokens / spent, used
+    return tokens, spent, used
 
 
 HF_SCRIPT = r"""
@@ -340,6 +347,10 @@ def main() -> None:
                 rows.append(r)
                 r, plan = b.plan(target["id"], ds, n)
                 rows.append(r)
+                floor_dir = Path(c.get_artifact(ds["artifact_id"])["uri"].removeprefix("file://"))
+                if not a.quick:  # the floor's first half, before the job (tokenizer_floor)
+                    extra["floor"][n] = [tokenizer_floor(floor_dir, qwen3_tokenizer_dir(),
+                                                         a.floor_records, part=0, parts=2)]
                 r, prep = b.prepare(target["id"], ds, n, a.prepare_workers)
                 rows.append(r)
                 extra["prepare_tps"][n] = (r["tokens"] or 0) / r["wall_s"] if r["wall_s"] else 0
@@ -349,11 +360,9 @@ def main() -> None:
                          f"deduplicated; plan ok={plan.get('ok')}")
                 extra.setdefault("plans", {})[n] = plan.get("time_estimates")
             if not a.quick:
-                if "mix" in stages:
-                    art = c.get_artifact(ds["artifact_id"])
-                    extra["floor"][n] = tokenizer_floor(
-                        Path(art["uri"].removeprefix("file://")), qwen3_tokenizer_dir(),
-                        a.floor_records)
+                if "mix" in stages:  # and its second half, after
+                    extra["floor"][n].append(tokenizer_floor(
+                        floor_dir, qwen3_tokenizer_dir(), a.floor_records, part=1, parts=2))
                 if n <= a.hf_max:
                     extra["hf"][n] = hf_baseline([folder / s.file for s in srcs], tmp)
             for rr in rows[first:]:
@@ -371,6 +380,13 @@ def main() -> None:
         stack.close()
         shutil.rmtree(tmp, ignore_errors=True)
     report(rows, extra, sizes)
+
+
+def _floor(halves: list[tuple[int, float, int]]) -> tuple[float, int]:
+    """(tokens/s, records) of the floor's parts together."""
+    spent = sum(s for _t, s, _u in halves)
+    return (sum(t for t, _s, _u in halves) / spent if spent else 0.0,
+            sum(u for _t, _s, u in halves))
 
 
 def report(rows: list[dict], extra: dict, sizes: list[int]) -> None:
@@ -403,7 +419,7 @@ def report(rows: list[dict], extra: dict, sizes: list[int]) -> None:
                 "value": round(plane, 1), "baseline": 3000, "ratio": round(plane / 3000, 3),
                 "target": 1.0, "pass": plane < 3000, "wall_s": round(wall, 1)})
     if top in extra["floor"]:
-        floor_tps, used = extra["floor"][top]
+        floor_tps, used = _floor(extra["floor"][top])
         tps = extra["prepare_tps"][top]
         out.append({"bench": "scale", "metric": f"prepare_vs_tokenizer_floor_{fmt_n(top)}",
                     "value": round(tps), "baseline": round(floor_tps), "ratio": round(tps / floor_tps, 3),
@@ -417,9 +433,11 @@ def report(rows: list[dict], extra: dict, sizes: list[int]) -> None:
             out.append({"bench": "scale", "metric": f"ingest_speedup_vs_hf_datasets_{fmt_n(n)}",
                         "value": round(ing["wall_s"], 2), "baseline": round(hf_s, 2),
                         "ratio": round(ratio, 3), "target": 1.5, "pass": ratio >= 1.5})
-    for n, (floor_tps, used) in sorted(extra["floor"].items()):
+    for n, halves in sorted(extra["floor"].items()):
+        floor_tps, used = _floor(halves)
         print(f"prepare N={fmt_n(n)}: {extra['prepare_tps'][n] / 1e6:.3f} M tok/s vs floor "
-              f"{floor_tps / 1e6:.3f} M tok/s on {used} records")
+              f"{floor_tps / 1e6:.3f} M tok/s on {used} records (before the job "
+              + ", after ".join(f"{t / s / 1e6:.3f}" for t, s, _ in halves if s) + ")")
     for r in rows:
         if r.get("eta", {}).get("eta_error") is not None:
             e = r["eta"]
