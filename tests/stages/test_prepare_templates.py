@@ -96,6 +96,8 @@ SANDBOX_CASES = {
     "raise_exception": "{% for x in messages %}{{ raise_exception('no ' + x.role) }}{% endfor %}",
     "a method on undefined": "{{ nothing.split('x') }}",
     "a missing key": "{{ messages[0].nope }}|{{ messages[0]['nope'] }}",
+    "a builtin raising StopIteration": "{% set g = messages | map(attribute='role') %}"
+                                       "{{ g.send(None) }}{{ g.send(None) }}[{{ g.send(None) }}]",
     "a top-level set stays in its render": "{% if y is defined %}leak{% endif %}{% set y = 1 %}"
                                            "{{ y }}",
 }

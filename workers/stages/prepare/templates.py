@@ -79,8 +79,8 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     `modifies_known_mutable` look at, and an attribute already judged safe is returned
     without asking again. A call of a builtin method (`content.split('</think>')`) goes
     straight to it: such a method cannot carry jinja's `pass_context` or `unsafe_callable`
-    marks, nor raise the StopIteration jinja guards against, and `format` / `format_map`
-    still take the sandbox's path.
+    marks (a StopIteration it raises still becomes undefined, as in jinja), and `format` /
+    `format_map` still take the sandbox's path.
     """
 
     # What a tracked render collects (ChatTemplate.render_tracked sets both, _GenerationTracker
@@ -110,7 +110,11 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         if type(__obj) is _BUILTIN_METHOD and __obj.__name__ not in _FORMAT:
             kwargs.pop("_loop_vars", None)
             kwargs.pop("_block_vars", None)
-            return __obj(*args, **kwargs)
+            try:
+                return __obj(*args, **kwargs)
+            except StopIteration:  # as jinja's Context.call (a generator's `send`)
+                return __self.undefined("value was undefined because a callable raised a "
+                                        "StopIteration exception")
         return super().call(__context, __obj, *args, **kwargs)
 
     def is_safe_attribute(self, obj, attr, value):
