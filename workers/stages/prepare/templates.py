@@ -183,17 +183,21 @@ class ChatTemplate:
         self._globals = dict(self._tmpl.globals)
         self._parent = {**self._globals, **self._vars}
 
-    def render(self, messages: list[dict], tools: list | None = None,
-               add_generation_prompt: bool = False) -> str:
-        # `Template.render` with the context's variables merged once (`_parent`); a fresh
-        # dict per call, as the template's own assignments go to the context, never to it
+    def _blocks(self, messages: list[dict], tools: list | None, add_generation_prompt: bool):
+        """The render's output pieces: `Template.generate` with the context's variables
+        merged once (`_parent`); a fresh dict per call, as the template's own assignments go
+        to the context, never to it."""
         tmpl = self._tmpl
         ctx = new_context(tmpl.environment, tmpl.name, tmpl.blocks,
                           {**self._parent, "messages": messages, "tools": tools,
                            "documents": None, "add_generation_prompt": add_generation_prompt},
                           shared=True, globals=self._globals)
+        return tmpl.root_render_func(ctx)
+
+    def render(self, messages: list[dict], tools: list | None = None,
+               add_generation_prompt: bool = False) -> str:
         try:
-            return "".join(tmpl.root_render_func(ctx))
+            return "".join(self._blocks(messages, tools, add_generation_prompt))
         except jinja2.TemplateError as e:
             raise TemplateRenderError(e.message or str(e)) from None
         except Exception as e:  # noqa: BLE001  any error inside the template is the record's
@@ -208,8 +212,7 @@ class ChatTemplate:
         spans: list[tuple[int, int]] = []
         env.generation_blocks, env.generation_spans = blocks, spans
         try:
-            for block in self._tmpl.generate(messages=messages, tools=tools, documents=None,
-                                             add_generation_prompt=False, **self._vars):
+            for block in self._blocks(messages, tools, False):
                 blocks.append(block)
         except jinja2.TemplateError as e:
             raise TemplateRenderError(e.message or str(e)) from None
