@@ -101,9 +101,12 @@ class ShardSet:
 
     A piece under its final name is always whole: `commit` writes it to a dot-prefixed temp
     name and renames it, so a kill at any moment leaves whole pieces and temp files, and
-    `open` drops the temp files. The fingerprint (a JSON object of what the pieces depend
-    on: inputs, params, stage version) is kept at `state_path`; `open` under another one
-    drops every piece, since a piece of one configuration must not be mixed into another.
+    `open` drops the temp files. The folder holds nothing else, so every dot-prefixed file
+    in it is a killed attempt's temp: ours, or a writer library's own (safetensors 0.8 writes
+    through a `.tmpXXXXXX` file beside its target and renames it). The fingerprint (a JSON
+    object of what the pieces depend on: inputs, params, stage version) is kept at
+    `state_path`; `open` under another one drops every piece, since a piece of one
+    configuration must not be mixed into another.
     """
 
     def __init__(self, folder: Path | str, state_path: Path | str, prefix: str, suffix: str):
@@ -111,7 +114,6 @@ class ShardSet:
         self.state_path = Path(state_path)
         self.prefix, self.suffix = prefix, suffix
         self._final = re.compile(rf"^{re.escape(prefix)}(\d+){re.escape(suffix)}$")
-        self._tmp = re.compile(rf"^\.{re.escape(prefix)}\d+{re.escape(suffix)}\.tmp")
 
     def path(self, sid: int, width: int = 0) -> Path:
         return self.folder / f"{self.prefix}{sid:0{width}d}{self.suffix}"
@@ -138,11 +140,12 @@ class ShardSet:
         return kept
 
     def clean_temp(self) -> int:
-        """Delete the temp files a killed attempt left; returns how many."""
+        """Delete the temp files a killed attempt left (every dot-prefixed file); returns
+        how many."""
         n = 0
         if self.folder.is_dir():
             for e in os.scandir(self.folder):
-                if self._tmp.match(e.name):
+                if e.name.startswith(".") and e.is_file(follow_symlinks=False):
                     os.unlink(e.path)
                     n += 1
         return n
