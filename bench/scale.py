@@ -347,14 +347,15 @@ def main() -> None:
                 rows.append(r)
                 r, plan = b.plan(target["id"], ds, n)
                 rows.append(r)
-                floor_dir = Path(c.get_artifact(ds["artifact_id"])["uri"].removeprefix("file://"))
+                art = c.get_artifact(ds["artifact_id"])
+                floor_dir = Path(art["uri"].removeprefix("file://"))
                 if not a.quick:  # the floor's first half, before the job (tokenizer_floor)
                     extra["floor"][n] = [tokenizer_floor(floor_dir, qwen3_tokenizer_dir(),
                                                          a.floor_records, part=0, parts=2)]
                 r, prep = b.prepare(target["id"], ds, n, a.prepare_workers)
                 rows.append(r)
                 extra["prepare_tps"][n] = (r["tokens"] or 0) / r["wall_s"] if r["wall_s"] else 0
-                mixed = c.get_artifact(ds["artifact_id"])["meta"]
+                mixed = art["meta"]
                 note += (f"; mix: {ds['num_records']:,} records, "
                          f"{sum(x['duplicates_dropped'] for x in mixed.get('sources', []))} "
                          f"deduplicated; plan ok={plan.get('ok')}")

@@ -202,7 +202,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
         counter.add(res.freq_ids, res.freq_counts)
         lengths.append(res.lengths)
         agg["done"] += res.n_records
-        agg["masked"] += res.masked
+        agg["masked"] += int(res.freq_counts.sum())
         agg["truncated"] += res.truncated
         for k, v in res.stats.items():
             agg[k] += v

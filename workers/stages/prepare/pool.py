@@ -36,7 +36,7 @@ from workers.stages.prepare.masks import (
 from workers.stages.prepare.spans import RecordRejected
 from workers.stages.prepare.tokenrows import TURNS_KEY, encode_token_turns
 from workers.stages.prepare.vocab import chunk_frequencies
-from workers.stages.prepare.writer import flat_to_batch
+from workers.stages.prepare.writer import flat_to_batch, flatten_rows
 from workers.stages.records import batch_records
 
 
@@ -97,8 +97,7 @@ class ChunkResult:
     flat_mask: np.ndarray
     rejects: list[tuple[str, str, str, str]]      # (id, source, reason, detail)
     freq_ids: np.ndarray
-    freq_counts: np.ndarray
-    masked: int
+    freq_counts: np.ndarray                        # they sum to the chunk's masked tokens
     truncated: int
     n_records: int                                 # records in the chunk (kept + rejected)
     stats: dict[str, int] = field(default_factory=dict)
@@ -167,8 +166,8 @@ def token_rows(cfg: MaskerConfig, record: dict) -> tuple[list[Encoded] | RecordR
     return kept, len(rows) - len(kept)
 
 
-def process_chunk(chunk: Chunk | list[dict]) -> ChunkResult:
-    records = chunk.records() if isinstance(chunk, Chunk) else chunk
+def process_chunk(chunk: Chunk) -> ChunkResult:
+    records = chunk.records()
     cfg: MaskerConfig = _WORKER["cfg"]
     masker: Masker = _WORKER["masker"]
     stats = dict.fromkeys(STAT_KEYS, 0)
@@ -202,17 +201,13 @@ def process_chunk(chunk: Chunk | list[dict]) -> ChunkResult:
             stats["boundary_splits"] += enc.boundary_splits
             stats["turns_without_end_token"] += enc.turns_without_end
             stats["turns_skipped_empty"] += enc.turns_skipped
-    lengths = np.fromiter((len(x) for x in input_ids), dtype=np.int64, count=len(input_ids))
-    empty = np.zeros(0, dtype=np.int64)
-    flat_ids = np.concatenate(input_ids) if input_ids else empty
-    flat_mask = np.concatenate(masks) if masks else empty
+    lengths, flat_ids, flat_mask = flatten_rows(input_ids, masks)
     f_ids, f_counts = chunk_frequencies(flat_ids, flat_mask)
     return ChunkResult(ids, lengths, _narrow(flat_ids, np.uint32), _narrow(flat_mask, np.uint8),
-                       rejects, f_ids, f_counts, int(flat_mask.sum()), truncated, len(records),
-                       stats)
+                       rejects, f_ids, f_counts, truncated, len(records), stats)
 
 
-def run_chunks(cfg: MaskerConfig, chunks: Iterable[Chunk | list[dict]], num_workers: int,
+def run_chunks(cfg: MaskerConfig, chunks: Iterable[Chunk], num_workers: int,
                on_result: Callable[[ChunkResult], None]) -> None:
     """Process chunks in order; `on_result` sees results in the order the chunks came."""
     if num_workers <= 1:

@@ -44,13 +44,19 @@ SCHEMA = pa.schema([
 MAX_SHARD_SIZE = "500MB"
 
 
+def flatten_rows(input_ids: list[np.ndarray], loss_masks: list[np.ndarray]
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lengths, ids end to end, masks end to end) of per-row arrays."""
+    lens = np.fromiter((len(x) for x in input_ids), dtype=np.int64, count=len(input_ids))
+    empty = np.zeros(0, dtype=np.int64)
+    return (lens, np.concatenate(input_ids) if input_ids else empty,
+            np.concatenate(loss_masks) if loss_masks else empty)
+
+
 def rows_to_batch(ids: list[str], input_ids: list[np.ndarray], loss_masks: list[np.ndarray]
                   ) -> pa.RecordBatch:
     """Build a record batch from per-row arrays without a per-token Python loop."""
-    lens = np.fromiter((len(x) for x in input_ids), dtype=np.int64, count=len(input_ids))
-    empty = np.zeros(0, dtype=np.int64)
-    return flat_to_batch(ids, lens, np.concatenate(input_ids) if input_ids else empty,
-                         np.concatenate(loss_masks) if loss_masks else empty)
+    return flat_to_batch(ids, *flatten_rows(input_ids, loss_masks))
 
 
 def flat_to_batch(ids: list[str], lengths: np.ndarray, flat_ids: np.ndarray,
