@@ -82,10 +82,8 @@ def nodes_view(session: Session) -> list[NodeRead]:
                                                    memory_bytes=g.memory_bytes, job_id=g.job_id))
     out = []
     for n in session.scalars(select(Node).order_by(Node.name)):
-        hb = n.last_heartbeat if n.last_heartbeat.tzinfo else \
-            n.last_heartbeat.replace(tzinfo=cutoff.tzinfo)
         mine = gpus.get(n.name, [])
-        alive = n.alive and hb >= cutoff  # the scheduler's own test (node_states)
+        alive = n.alive and n.last_heartbeat >= cutoff  # the scheduler's own test (node_states)
         out.append(NodeRead(name=n.name, hostname=n.hostname, alive=alive,
                             draining=n.draining, schedulable=alive and not n.draining,
                             last_heartbeat=n.last_heartbeat, cpu_slots=n.cpu_slots,

@@ -46,7 +46,7 @@ def _digest(body: object) -> str:
 
 
 def _expired(row: IdempotencyKey) -> bool:
-    return row.created_at.replace(tzinfo=row.created_at.tzinfo or utcnow().tzinfo) < utcnow() - TTL
+    return row.created_at < utcnow() - TTL
 
 
 def _serialise(session: Session, user_id: str, key: str) -> None:

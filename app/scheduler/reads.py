@@ -73,10 +73,6 @@ def queued_in_order(rows: list[tuple]) -> list[tuple]:
     return [r for b in reversed(blocks) for r in b] if len(blocks) > 1 else q
 
 
-def _aware(t: datetime, tz) -> datetime:
-    return t if t.tzinfo else t.replace(tzinfo=tz)
-
-
 def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]:
     """Nodes (schedulable = alive, heartbeat fresh, not draining) with their free GPUs, the
     free CPU slots, and the GPUs each owner holds now: one statement. Each node's `holders`
@@ -97,8 +93,7 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
         busy = r[8] or 0
         st = states.get(r.name)
         if st is None:
-            ok = bool(r.alive and _aware(r.last_heartbeat, cutoff.tzinfo) >= cutoff
-                      and not r.draining)
+            ok = bool(r.alive and r.last_heartbeat >= cutoff and not r.draining)
             st = states[r.name] = NodeState(name=r.name, free=[], total=0, schedulable=ok)
             cpu_total += r.cpu_slots if ok else 0
         if r.index is None:
@@ -155,10 +150,9 @@ def usage_by_owner(session: Session, now: datetime) -> dict[str, Usage]:
     for owner, start, end in session.execute(select(GpuLease.owner_id, GpuLease.start_at,
                                                     GpuLease.end_at).where(recent)):
         u = usage.setdefault(owner, Usage())
-        start = _aware(start, now.tzinfo)
         if end is None:
             u.gpus_held += 1
-        end = now if end is None else _aware(end, now.tzinfo)
+            end = now
         u.gpu_hours += max(0.0, (end - max(start, since)).total_seconds()) / 3600
     return usage
 

@@ -60,7 +60,7 @@ def reap(session: Session) -> list[str]:
     stale = [j for j in session.scalars(
         select(Job).where(Job.status.in_(ACTIVE), Job.heartbeat_at < cutoff)
         .with_for_update(skip_locked=True))
-        if j.status == S.dispatched.value or _aware(j.heartbeat_at, now) < fenced]
+        if j.status == S.dispatched.value or j.heartbeat_at < fenced]
     return _move_on(session, stale, "lost")
 
 
@@ -96,10 +96,6 @@ def _move_on(session: Session, jobs: list[Job], why: str) -> list[str]:
                            f"{'stopped heartbeating' if why == 'lost' else 'was restarted'}; "
                            f"gave up after {job.attempt} attempts"})
     return [j.id for j in jobs]
-
-
-def _aware(t, ref):
-    return t if t.tzinfo else t.replace(tzinfo=ref.tzinfo)
 
 
 # ---- the API's reaper: when no worker is alive (issue 26 item 4) -------------------------
