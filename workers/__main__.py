@@ -16,8 +16,13 @@ def main() -> None:
     ap.add_argument("--loglevel", default="INFO")
     a = ap.parse_args()
     logging.basicConfig(level=a.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from app.core.config import get_settings
+    from app.core.private import private_home
     from workers.join import CannotJoin
     from workers.node import run_worker
+
+    # Before the first folder or log is made: a stage inherits the umask (app/core/private.py).
+    private_home(get_settings().home)
 
     try:
         run_worker(a.node, a.gpus, a.concurrency, a.loglevel)

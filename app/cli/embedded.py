@@ -14,7 +14,7 @@ from draftyard import Client
 
 def start_embedded(port: int) -> subprocess.Popen:
     s = get_settings()
-    s.home.mkdir(parents=True, exist_ok=True)
+    s.home.mkdir(parents=True, exist_ok=True, mode=0o700)  # private (app/core/private.py)
     # Dies with the demo that started it, even when the demo is SIGKILLed.
     proc = spawn([sys.executable, "-m", "app.cli.main", "up", "--port", str(port)],
                  log=s.home / "server.log", stdin=None, death_signal=signal.SIGTERM)

@@ -15,12 +15,15 @@ from procgroup import spawn, stop_group
 
 
 def bootstrap(migrate: bool = True) -> None:
-    """Migrate (embedded) and create the first admin on an empty DB."""
+    """Close the home to other users, migrate (embedded) and create the first admin on an
+    empty DB."""
     from app.core.db import unit_of_work
     from app.core.migrate import upgrade_head
+    from app.core.private import private_home
     from app.users.service import ensure_admin
 
     s = get_settings()
+    private_home(s.home)  # before anything is written there (app/core/private.py)
     s.home.mkdir(parents=True, exist_ok=True)
     if migrate:
         upgrade_head(s.db_url)
