@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
 
 # Deep enough for any real spec (a run's stages are 3-4 levels), far below orjson's 255.
@@ -72,3 +72,26 @@ def check_json(value: Any, *, max_depth: int = MAX_DEPTH, max_bytes: int = MAX_B
 
 JsonObject = Annotated[dict[str, Any], AfterValidator(check_json)]
 JsonValue = Annotated[Any, AfterValidator(check_json)]
+
+
+# A path a client names (a model folder, a data file). The file system refuses a name past
+# NAME_MAX or a path past PATH_MAX with ENAMETOOLONG, which `Path.resolve()` raised as a 500
+# before this bound; refused here as a 422 naming the field instead. Bytes, not characters:
+# the limits are on the encoded name.
+PATH_MAX_BYTES = 4096
+NAME_MAX_BYTES = 255
+
+
+def check_path(value: str) -> str:
+    raw = value.encode("utf-8", "surrogatepass")
+    if len(raw) > PATH_MAX_BYTES:
+        raise PydanticCustomError("path_too_long", "longer than {max} bytes",
+                                  {"max": PATH_MAX_BYTES})
+    if any(len(part) > NAME_MAX_BYTES for part in raw.split(b"/")):
+        raise PydanticCustomError("path_too_long", "a folder or file name in it is longer "
+                                  "than {max} bytes", {"max": NAME_MAX_BYTES})
+    return value
+
+
+ServerPath = Annotated[str, Field(max_length=PATH_MAX_BYTES),
+                       AfterValidator(check_path)]

@@ -12,6 +12,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.bounds import ServerPath
+
 Id = Annotated[str, Field(min_length=1, max_length=200)]
 
 
@@ -33,7 +35,7 @@ Ref = Id | JobRef | ArtifactRef
 
 class SourceFile(_In):
     """The one file an `ingest` job reads: inside DRAFTYARD_DATA_ROOTS (or an upload)."""
-    path: str = Field(min_length=1, max_length=4096)
+    path: ServerPath = Field(min_length=1)
     name: str | None = Field(None, max_length=200)
 
 

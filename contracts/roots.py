@@ -21,7 +21,13 @@ def within_roots(raw: str, roots: Iterable[str | Path]) -> Path | None:
     p = Path(raw)
     if not p.is_absolute():
         p = roots[0] / p
-    real = p.resolve()
+    try:
+        real = p.resolve()
+    except (OSError, RuntimeError):
+        # A name past NAME_MAX (ENAMETOOLONG), a symlink loop: nothing such a path names can
+        # be read, so it is refused like a path outside (the API bounds paths before this:
+        # contracts/bounds.ServerPath).
+        return None
     for root in roots:
         if real == root or real.is_relative_to(root):
             return real

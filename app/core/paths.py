@@ -30,7 +30,12 @@ def resolve_inside(raw: str, roots: list[Path], *, what: str, param: str, env: s
     if real is None:
         raise Forbidden(f"{param}: {raw} is outside the folders this server may read {what} "
                         f"from ({env})", param=param, code="path_not_allowed")
-    if must_exist and not real.exists():
+    try:
+        missing = must_exist and not real.exists()
+    except OSError as e:  # ENAMETOOLONG: the bounded path, joined to its root, is too long
+        raise Invalid(f"{param}: {raw} cannot be read ({e.strerror})", param=param,
+                      code="invalid_path") from None
+    if missing:
         raise Invalid(f"{param}: {raw} does not exist", param=param, code="path_not_found")
     return real
 

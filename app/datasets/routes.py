@@ -13,6 +13,7 @@ from app.core.reads import body_of, typed
 from app.datasets import service
 from app.datasets.rejects import rejects_page
 from app.datasets.schemas import DatasetList, DatasetRead
+from contracts.bounds import ServerPath
 from contracts.inputs import MixSource
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
@@ -21,7 +22,7 @@ router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 class DatasetFromPath(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=200)
-    path: str
+    path: ServerPath
     format: str = "auto"
 
 

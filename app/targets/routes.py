@@ -8,13 +8,12 @@ from app.core.idempotency import idempotent
 from app.core.reads import body_of, typed
 from app.targets import service
 from app.targets.schemas import TargetList, TargetRead, TargetSummary
-from contracts.bounds import JsonObject
+from contracts.bounds import JsonObject, ServerPath
 
 # A real chat template is under 64 KB (the longest in /work/shared/fixtures and on the Hub's
 # large models are ~10-20 KB); four times that bounds what one member stores for everyone
-# (issue 26 item 5). Paths: PATH_MAX.
+# (issue 26 item 5). Paths: contracts/bounds.ServerPath.
 MAX_CHAT_TEMPLATE_CHARS = 262_144
-MAX_PATH_CHARS = 4096
 
 router = APIRouter(prefix="/v1/targets", tags=["targets"])
 
@@ -22,8 +21,8 @@ router = APIRouter(prefix="/v1/targets", tags=["targets"])
 class TargetCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=200)
-    path: str = Field(max_length=MAX_PATH_CHARS)
-    tokenizer_path: str | None = Field(None, max_length=MAX_PATH_CHARS)
+    path: ServerPath
+    tokenizer_path: ServerPath | None = None
     chat_template: str | None = Field(None, max_length=MAX_CHAT_TEMPLATE_CHARS, description=(
         f"Jinja chat template, at most {MAX_CHAT_TEMPLATE_CHARS:,} characters"))
     chat_template_kwargs: JsonObject | None = None
