@@ -122,3 +122,19 @@ async def require_admin(user: Principal = Depends(current_user)) -> Principal:
     if not user.is_admin:
         raise Forbidden("this action needs an admin token", code="admin_only")
     return user
+
+
+def _needs_token(dependant) -> bool:
+    return any(d.call in (current_user, require_admin) or _needs_token(d)
+               for d in dependant.dependencies)
+
+
+async def caller_before_body(request: Request) -> None:
+    """Unauthorized when the matched route needs a token this request lacks. FastAPI reads and
+    parses a route's body before it resolves the route's dependencies, so a body it cannot
+    parse would be answered 400 before the token was looked at: the error handlers of
+    unparsable bodies (app/core/errors.py) ask this first, so a caller without a valid token
+    learns 401 and nothing about what the route expects."""
+    dependant = getattr(request.scope.get("route"), "dependant", None)
+    if dependant is not None and _needs_token(dependant):
+        await current_user(request)

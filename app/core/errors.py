@@ -109,11 +109,36 @@ def _loc_to_param(loc: tuple) -> str | None:
     return ".".join(parts) or None
 
 
+def _rendered(exc: ApiError) -> SafeJSONResponse:
+    return SafeJSONResponse(error_body(exc.code, exc.message, exc.param, exc.details),
+                            status_code=exc.status)
+
+
+def _unavailable(exc: OperationalError) -> SafeJSONResponse:
+    log.warning("database unavailable: %s", exc)
+    return SafeJSONResponse(error_body("database_unavailable",
+                                       "the database is not reachable; try again"),
+                            status_code=503)
+
+
+async def _caller_first(req: Request) -> SafeJSONResponse | None:
+    """The 401 (or 503) a request whose body could not be parsed gets before its 400, when
+    its route needs a token it lacks (app/core/auth.caller_before_body); None: go on."""
+    from app.core.auth import caller_before_body  # here: app.core.auth imports this module
+
+    try:
+        await caller_before_body(req)
+    except ApiError as e:
+        return _rendered(e)
+    except OperationalError as e:
+        return _unavailable(e)
+    return None
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError):
-        return SafeJSONResponse(error_body(exc.code, exc.message, exc.param, exc.details),
-                              status_code=exc.status)
+        return _rendered(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError):
@@ -127,6 +152,8 @@ def install_handlers(app: FastAPI) -> None:
                                   status_code=BOUND_ERRORS[bound["type"]])
         # A body that is not JSON at all is a 400; JSON of the wrong shape is a 422.
         if any(e.get("type") in ("json_invalid", "json_type") for e in errs):
+            if (refused := await _caller_first(_req)) is not None:
+                return refused
             e = errs[0]
             return SafeJSONResponse(error_body("malformed_json", f"request body is not valid JSON: "
                                              f"{e.get('msg')}", None,
@@ -147,6 +174,9 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(req: Request, exc: StarletteHTTPException):
+        # FastAPI's "error parsing the body" (not UTF-8, a broken form): the token first too.
+        if exc.status_code == 400 and (refused := await _caller_first(req)) is not None:
+            return refused
         code = getattr(exc, "code", None) or {
             404: "not_found", 405: "method_not_allowed", 401: "unauthorized",
             413: "payload_too_large"}.get(exc.status_code, "http_error")
@@ -163,10 +193,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     async def _db_down(_req: Request, exc: OperationalError):
-        log.warning("database unavailable: %s", exc)
-        return SafeJSONResponse(error_body("database_unavailable",
-                                         "the database is not reachable; try again"),
-                              status_code=503)
+        return _unavailable(exc)
 
     @app.exception_handler(DataError)
     async def _bad_value(_req: Request, exc: DataError):

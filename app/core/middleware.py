@@ -69,8 +69,9 @@ class NotAuthenticated(StarletteHTTPException):
         self.code = code
 
 
-# What a request without a valid token may make the API read: room for any malformed-JSON
-# body a client mistypes (its 400 comes before the 401, as the routes answer), nothing more.
+# What a request without a valid token may make the API read before its token is looked at:
+# a small body costs nothing to read (a route refuses it 401 before using it:
+# app/core/auth.caller_before_body), and past this the token is checked at once.
 UNAUTHENTICATED_BODY_BYTES = 64 * 1024
 UPLOAD_ROUTES = {("POST", "/v1/datasets")}
 

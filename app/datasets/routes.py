@@ -47,12 +47,12 @@ UPLOAD_BODY = {"requestBody": {"required": True, "content": {
 
 @router.post("", status_code=201, openapi_extra=UPLOAD_BODY)
 async def create_dataset(request: Request, session: SessionDep):
-    # The token is checked here, not as a dependency: an upload only after it (no one streams
-    # gigabytes to be told 401), a JSON body only once it parses (malformed JSON is a 400
-    # before a 401, as on the routes whose body FastAPI reads).
+    # The token is checked here, not as a dependency, and before the body is read: no one
+    # streams gigabytes to be told 401, and malformed JSON without a valid token is a 401 too,
+    # as on the routes whose body FastAPI reads (app/core/auth.caller_before_body).
+    user = await current_user(request)
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("multipart/form-data"):
-        user = await current_user(request)
         # The body itself is capped as it streams in (app/core/middleware.BodyLimitMiddleware).
         cap = get_settings().max_upload_bytes
         form = await request.form(max_part_size=cap + 1)
@@ -70,7 +70,6 @@ async def create_dataset(request: Request, session: SessionDep):
         data = orjson.loads(await request.body())
     except orjson.JSONDecodeError as e:
         raise BadRequest(f"request body is not valid JSON: {e}", code="malformed_json") from e
-    user = await current_user(request)
     try:
         body = DatasetFromPath.model_validate(data)
     except ValidationError as e:

@@ -117,14 +117,18 @@ def test_multipart_on_a_json_route_keeps_the_json_cap(big):
 def test_small_bodies_without_a_token_keep_their_answers(big):
     import httpx
 
-    # malformed JSON is a 400 before the 401, as tests/service/test_api_errors.py expects
+    # malformed JSON without a token is a 401 like any other body
+    # (tests/service/test_security_probe.py), and 400 with one
     _err(httpx.post(f"{big.url}/v1/jobs", content=b'{"type": ', headers={
-        "content-type": "application/json"}), 400, "malformed_json")
+        "content-type": "application/json"}), 401, "missing_token")
     _err(httpx.post(f"{big.url}/v1/jobs", json={"type": "probe"}), 401, "missing_token")
-    # a body just under the bound is read and parsed like any other
+    # a body just under the bound is read like any other
     unfinished = b'{"name": "' + b"x" * (UNAUTHENTICATED_BODY_BYTES - 20)
     _err(httpx.post(f"{big.url}/v1/jobs", content=unfinished,
-                    headers={"content-type": "application/json"}), 400, "malformed_json")
+                    headers={"content-type": "application/json"}), 401, "missing_token")
+    with big.client() as c:
+        _err(c.post("/v1/jobs", content=unfinished, headers={
+            "content-type": "application/json"}), 400, "malformed_json")
     # and an upload, with a token, still streams in under its own cap
     with big.client() as c:
         r = c.post("/v1/datasets", files={"file": ("a.jsonl", b'{"prompt": "hi"}\n' * 40_000)},
