@@ -25,18 +25,23 @@ class SafeJSONResponse(JSONResponse):
     warned at every server start, issue 27) with the fallbacks below."""
 
     def render(self, content: Any) -> bytes:
-        try:
-            return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS
-                                | orjson.OPT_SERIALIZE_NUMPY)
-        except (orjson.JSONEncodeError, TypeError):
-            pass
-        log.warning("a response needed the slow JSON encoder (a stored value orjson refuses)")
-        try:
-            return json.dumps(jsonable_encoder(content), ensure_ascii=True,
-                              default=_placeholder).encode()
-        except (RecursionError, ValueError):
-            # Deeper than even the standard library renders: show the shape, not a 500.
-            return json.dumps(_shallow(content), ensure_ascii=True, default=str).encode()
+        return api_json(content)
+
+
+def api_json(content: Any) -> bytes:
+    """`content` as the API writes it (the bodies of responses and of webhook events)."""
+    try:
+        return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS
+                            | orjson.OPT_SERIALIZE_NUMPY)
+    except (orjson.JSONEncodeError, TypeError):
+        pass
+    log.warning("a response needed the slow JSON encoder (a stored value orjson refuses)")
+    try:
+        return json.dumps(jsonable_encoder(content), ensure_ascii=True,
+                          default=_placeholder).encode()
+    except (RecursionError, ValueError):
+        # Deeper than even the standard library renders: show the shape, not a 500.
+        return json.dumps(_shallow(content), ensure_ascii=True, default=str).encode()
 
 
 def _shallow(v: Any, depth: int = 0) -> Any:

@@ -51,5 +51,7 @@ def deliveries(*, hook_id: str, status: str | None = Query(None, pattern="^(pend
                session: SessionDep):
     hook = service.get_webhook(session, user, hook_id)
     rows, more, nxt = service.list_deliveries(session, hook, page, status)
+    # Payloads are written as the owner reads the job (app/webhooks/service._job_data); shown
+    # again to the reader, for rows written before that.
     return typed(DeliveryList(data=[DeliveryRead.of(d) for d in rows], has_more=more,
-                              next_after=nxt))
+                              next_after=nxt), user=user)

@@ -7,7 +7,6 @@ what is signed, and every retry sends the same bytes with the same event id)."""
 
 from __future__ import annotations
 
-import json
 import secrets
 from urllib.parse import urlsplit
 
@@ -19,10 +18,14 @@ from app.core.auth import Principal
 from app.core.db import utcnow
 from app.core.errors import Invalid, NotFound
 from app.core.ids import new_id
+from app.core.jsonresp import api_json
+from app.core.paths import shown
+from app.core.reads import body_of
 from app.core.pagination import Page, paginate
+from app.jobs.render import job_models
 from app.jobs.states import TERMINAL
 from app.jobs.states import JobStatus as S
-from app.models import Job, Run, Webhook, WebhookDelivery
+from app.models import Job, Run, User, Webhook, WebhookDelivery
 from app.webhooks import guard
 
 JOB_EVENTS = ("job.succeeded", "job.failed", "job.cancelled", "job.preempted")
@@ -118,42 +121,46 @@ def list_deliveries(session: Session, hook: Webhook, page: Page, status: str | N
 # ---- the outbox ---------------------------------------------------------------------------
 
 def enqueue(session: Session, owner_id: str, event: str, data: dict) -> str | None:
-    """One delivery per subscribed webhook of `owner_id`, sharing one event id; returns it."""
+    """One delivery per subscribed webhook of `owner_id`, sharing one event id; returns it.
+    `data` is written by the API's encoder (`+00:00` timestamps, as every read)."""
     hooks = [h for h in session.scalars(select(Webhook).where(Webhook.owner_id == owner_id))
              if event in (h.events or [])]
     if not hooks:
         return None
     now = utcnow()
     event_id = new_id("evt")
-    body = json.dumps({"id": event_id, "type": event, "created_at": now.isoformat(),
-                       "data": data}, default=str, separators=(",", ":"), sort_keys=True)
+    body = api_json({"id": event_id, "type": event, "created_at": now, "data": data}).decode()
     session.add_all([WebhookDelivery(webhook_id=h.id, event_id=event_id, event=event, body=body,
                                      next_at=now, created_at=now) for h in hooks])
     return event_id
 
 
-def _job_data(job: Job) -> dict:
-    return {"job": {"id": job.id, "type": job.type, "name": job.name, "owner": job.owner_id,
-                    "status": job.status, "attempt": job.attempt, "priority": job.priority,
-                    "run_id": job.run_id, "run_stage": job.run_stage, "error": job.error,
-                    "outputs": job.outputs, "preemption": job.preemption,
-                    "finished_at": job.finished_at}}
+def _owner(session: Session, owner_id: str) -> Principal | None:
+    u = session.get(User, owner_id)
+    return None if u is None else Principal(u.id, u.name, u.role)
+
+
+def _job_data(session: Session, job: Job) -> dict:
+    """The job as its owner reads it with GET /v1/jobs/{id}: its read model, a member's
+    server folders shown as labels (app/core/paths.shown)."""
+    read = job_models(session, [job])[0]
+    return {"job": body_of(read, _owner(session, job.owner_id))}
 
 
 def on_job_status(session: Session, job: Job, old: str | None, new: str) -> None:
     """Subscriber of job status changes (called by app.jobs.service.transition)."""
     if new in TERMINAL:
-        enqueue(session, job.owner_id, f"job.{new}", _job_data(job))
+        enqueue(session, job.owner_id, f"job.{new}", _job_data(session, job))
     elif old == S.running and new == S.queued and job.preemption and \
             job.preemption.get("attempt") == job.attempt - 1:
-        data = _job_data(job)
-        data["job"]["preemption"] = {k: v for k, v in job.preemption.items() if k != "history"}
-        enqueue(session, job.owner_id, "job.preempted", data)
+        enqueue(session, job.owner_id, "job.preempted", _job_data(session, job))
 
 
 def on_run_status(session: Session, run: Run, old: str | None, new: str) -> None:
     """Subscriber of run status changes (called by app.runs.service.refresh_run)."""
     if new != old and new in ("succeeded", "failed", "cancelled"):
-        enqueue(session, run.owner_id, f"run.{new}", {"run": {
-            "id": run.id, "name": run.name, "owner": run.owner_id, "status": run.status,
-            "report": run.report, "finished_at": run.finished_at}})
+        run_data = {"id": run.id, "name": run.name, "owner": run.owner_id, "status": run.status,
+                    "report": run.report, "finished_at": run.finished_at}
+        owner = _owner(session, run.owner_id)
+        enqueue(session, run.owner_id, f"run.{new}",
+                {"run": run_data if owner is None else shown(run_data, owner)})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 
 import pytest
 from sqlalchemy import text
@@ -137,3 +138,29 @@ def test_deliveries_survive_failures_and_an_api_restart(stack):
     by_event = {x["event_id"]: x for x in log}
     assert all(by_event[e]["attempts"] >= 2 for e in first_two)
     assert all(x["last_status_code"] == 200 and x["delivered_at"] for x in log)
+
+
+def test_a_payload_shows_the_job_as_its_owner_reads_it(member, worker, home):
+    """A member's job.failed payload (and its delivery log) is the member's GET /v1/jobs/{id}:
+    the same read model, server folders as labels (the ingest's source is stored as the
+    server's path), the API's timestamps."""
+    import uuid
+
+    name = f"hooked-{uuid.uuid4().hex[:6]}.jsonl"
+    (home / "data" / name).write_text("not json\n" * 4)  # fails: no record has a known shape
+    with Receiver() as rx:
+        c = member.c
+        hook = c.post("/v1/webhooks", json={"url": rx.url, "events": ["job.failed"]}).json()
+        job = member.submit(type="ingest", inputs={"source": {"path": name}})
+        wait_for(rx.snapshot, 120, 0.2, "the job.failed event")
+        sent = rx.snapshot()[0]["body"].decode()
+    event = json.loads(sent)
+    read = member.job(job["id"])
+    assert read["status"] == "failed" and read["inputs"]["source"]["path"] == f"data:{name}"
+    assert event["type"] == "job.failed" and event["data"]["job"] == read, (event, read)
+    for root in {str(home), str(home.resolve())}:
+        assert root not in sent, sent
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:.]+\+00:00", event["created_at"]), event
+    assert "T" in read["finished_at"] and read["finished_at"].endswith("+00:00")
+    log = c.get(f"/v1/webhooks/{hook['id']}/deliveries").json()["data"]
+    assert [d["payload"] for d in log] == [event]
