@@ -119,12 +119,14 @@ def test_stopping_draftyard_up_ends_every_stage_and_requeues_the_job(tmp_path, h
         job = up.c.post("/v1/jobs", json={"type": "probe", "params": {
             "sleep_s": 600, "steps": 600, "import_torch": False}}).json()
         stage = up.stage_pid(job["id"])
-        assert stage in _left(home)
+        tree = _left(home)  # API, worker, the data stages' warm starter, the stage
+        assert stage in tree and len(tree) >= 3, tree
         t0 = time.monotonic()
         _signal_up(up, how)
         wait_for(lambda: not _left(home), GONE_S, 0.1,
                  f"every process of draftyard up gone after {how}")
         took = time.monotonic() - t0
+        print(f"draftyard up, {how}: its {len(tree)} processes gone {took:.2f} s after it")
         up.proc.p.wait(5)
         status, attempt = _db_job(home, job["id"])
         # requeued by its worker as it stopped, as the next attempt: not failed, not running

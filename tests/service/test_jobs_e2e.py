@@ -80,6 +80,13 @@ def _stage_pids(api, job_id: str) -> list[int]:
             if e["kind"] == "log" and "stage started" in e["data"].get("message", "")]
 
 
+def _sampled(api, job_id: str) -> None:
+    """Wait until the supervisor has read a progress event of this attempt: its watch loop
+    has then sampled the stage's memory at least once (each round samples, then reads)."""
+    wait_for(lambda: ((api.job(job_id).get("progress") or {}).get("done") or 0) >= 1, 30, 0.1,
+             "the attempt's first progress")
+
+
 def test_a_stage_killed_from_outside_is_retried_once_then_fails_naming_signal_and_memory(
         api, worker):
     """What the kernel's OOM killer does (SIGKILL, no word in the stage's log), done by hand:
@@ -87,7 +94,7 @@ def test_a_stage_killed_from_outside_is_retried_once_then_fails_naming_signal_an
     figures; the second fails it with them."""
     job = api.submit(type="probe", params={"sleep_s": 120, "steps": 120, "import_torch": False})
     first = wait_for(lambda: _stage_pids(api, job["id"]), 30, 0.1, "stage pid")[0]
-    time.sleep(0.6)  # a few rounds of the supervisor's memory samples
+    _sampled(api, job["id"])
     os.kill(first, signal.SIGKILL)
     j = wait_for(lambda: (x := api.job(job["id"]))["attempt"] == 2 and
                  x["status"] in ("queued", "dispatched", "running") and x, 15, 0.1,
@@ -110,7 +117,7 @@ def test_a_stage_killed_from_outside_is_retried_once_then_fails_naming_signal_an
     second = wait_for(lambda: (p := _stage_pids(api, job["id"]))[1:] and p[1], 30, 0.1,
                       "the second attempt's stage pid")
     assert second != first
-    time.sleep(0.6)
+    _sampled(api, job["id"])
     os.kill(second, signal.SIGKILL)
     j = api.wait_job(job["id"], timeout=15)
     assert j["status"] == "failed" and j["attempt"] == 2, j
@@ -118,6 +125,7 @@ def test_a_stage_killed_from_outside_is_retried_once_then_fails_naming_signal_an
     msg = j["error"]["message"]
     assert "SIGKILL" in msg and "Peak memory" in msg and "MiB" in msg, msg
     assert j["error"]["details"]["memory"]["peak_bytes"] > 5 * 2**20, j["error"]
+    print("the job's error:", msg)
 
 
 def test_duplicate_delivery_runs_once(api, worker, home):
