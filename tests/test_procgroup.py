@@ -91,3 +91,34 @@ def test_bind_to_parent_dies_with_the_parent_and_refuses_a_stranger():
     stranger = subprocess.Popen([sys.executable, "-c", child], cwd=REPO, env=env,
                                 stdout=subprocess.PIPE, text=True)
     assert stranger.wait(10) == -signal.SIGKILL and stranger.stdout.read() == ""
+
+
+def test_peak_memory_counts_every_process_of_the_attempt_and_the_node():
+    """procgroup.memory: the high-water RSS of an attempt's processes, found by their tag in
+    sessions of their own, sampled while they run; it outlives them (the figure a job's error
+    carries after the OOM killer's SIGKILL)."""
+    from procgroup import TAG_ENV
+    from procgroup.memory import PeakMemory, node_memory
+
+    tag = f"test-peak/{os.getpid()}/1"
+    hold = ("import sys, time; b = bytearray(int(sys.argv[1]) << 20); "
+            "b[::4096] = b'x' * len(b[::4096]); print('ok', flush=True); time.sleep(60)")
+    procs = [subprocess.Popen([sys.executable, "-c", hold, str(mb)], stdout=subprocess.PIPE,
+                              env={**os.environ, TAG_ENV: tag}, start_new_session=True)
+             for mb in (120, 60)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().startswith(b"ok")
+        peak = PeakMemory(tag)
+        peak.sample(procs[0].pid)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    peak.sample(procs[0].pid)  # both gone: the peak stays
+    assert peak.processes == 2
+    assert 180 << 20 < peak.peak_bytes < 400 << 20, peak.peak_bytes
+    r = peak.report()
+    assert r["peak_bytes"] == peak.peak_bytes
+    assert 0 < r["node_available_bytes"] <= r["node_total_bytes"], r
+    assert node_memory()["total_bytes"] == r["node_total_bytes"]

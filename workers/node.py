@@ -22,7 +22,7 @@ from app.scheduler.service import lock
 from procgroup import PARENT_ENV, group_alive, groups_where
 from workers.celery_app import app
 from workers.join import check_can_join, check_database
-from workers.supervisor import DATA_SERVER
+from workers.supervisor import DATA_SERVER, STOP
 
 log = logging.getLogger("draftyard.node")
 
@@ -82,6 +82,16 @@ def _housekeeping(node: str, stop: threading.Event) -> None:
     s = get_settings()
     last_reasons, cost = 0.0, 0.0
     while not stop.is_set():
+        if STOP.reason:
+            # The worker is stopping (workers/supervisor.py request_stop): no new work may be
+            # placed here while its stages stop and their jobs are requeued, so no heartbeat
+            # marks it alive again.
+            try:
+                with unit_of_work() as sess:
+                    mark_offline(sess, node)
+            except Exception:  # run_worker marks it offline again as it exits
+                log.exception("could not mark node %s offline", node)
+            return
         try:
             with unit_of_work() as sess:
                 heartbeat(sess, node)

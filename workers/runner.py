@@ -14,19 +14,28 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.cluster.service import mark_offline
 from app.core.config import get_settings
 from app.core.db import db_now, unit_of_work
 from app.jobs.inputs import InputDeleted, resolve
 from app.jobs.logs import read_tail
-from app.jobs.service import add_event, cas_status, requeue_preempted, transition
+from app.jobs.service import (
+    add_event,
+    cas_status,
+    requeue,
+    requeue_preempted,
+    retry_killed,
+    transition,
+)
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, Job
 from app.scheduler.reaper import fence_s, give_up_s
 from app.storage.retention import settle_scratch
 from contracts.spec import StageSpec
+from procgroup.memory import mib
 from workers.attempt import Attempt
 from workers.publish import ArtifactMissing, Published, publish_artifacts, unpublish
-from workers.supervisor import StageOutcome, Supervisor, retrying
+from workers.supervisor import STOP, StageOutcome, Supervisor, retrying
 
 log = logging.getLogger("draftyard.worker")
 
@@ -165,11 +174,21 @@ def record_outcome(s: Session, job: Job, outcome: StageOutcome, published: list[
         # It yielded (exit on SIGTERM, or SIGKILL after the grace): resume later. A stage
         # that reported its own error while stopping failed for that reason instead.
         requeue_preempted(s, job)
+    elif outcome.stopped and status == S.running and not outcome.error:
+        # Its worker was stopped: not the job's fault, so its budget of attempts stays whole;
+        # the next attempt resumes from what this one saved (contracts/jobtypes.py resumable).
+        # The node is offline first, so the requeue does not place the job on it again.
+        if job.node:
+            mark_offline(s, job.node)
+        requeue(s, job, f"the worker on {job.node} stopped ({outcome.stopped}) while the "
+                        f"stage ran; requeued", fault=False)
     elif status == S.cancelling or (outcome.cancelled and status != S.succeeded):
         transition(s, job, S.cancelled, error={"code": "cancelled",
                                                "message": "cancelled while running"})
     elif status == S.running:
-        transition(s, job, S.failed, error=_stage_error(job.id, outcome))
+        error = _stage_error(job.id, outcome)
+        if outcome.outside_signal is None or not retry_killed(s, job, error):
+            transition(s, job, S.failed, error=error)
     # else: the reaper or a cancel already moved it on; nothing to record. Each transition
     # out of running/cancelling gave the job's GPUs back.
 
@@ -180,8 +199,10 @@ def _stage_error(job_id: str, outcome: StageOutcome) -> dict:
         return {"code": outcome.error.get("code", "stage_failed"),
                 "message": outcome.error.get("message", "the stage failed"),
                 "details": outcome.error.get("details"), "log_tail": tail}
+    if outcome.outside_signal is not None:
+        return _killed_outside(outcome.outside_signal, outcome.memory or {}, tail)
     if outcome.returncode < 0:
-        name = signal.Signals(-outcome.returncode).name
+        name = _signal_name(-outcome.returncode)
         return {"code": "stage_killed",
                 "message": f"the stage process was killed by {name} "
                            f"(signal {-outcome.returncode}); see the log tail",
@@ -190,7 +211,54 @@ def _stage_error(job_id: str, outcome: StageOutcome) -> dict:
             "message": f"the stage exited with status {outcome.returncode}", "log_tail": tail}
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _killed_outside(signum: int, memory: dict, tail: str) -> dict:
+    """The error of a stage that died by a signal no part of draftyard sent: the signal, what
+    its processes held at their peak and what the node had, so the user can tell an
+    out-of-memory kill from an operator's `kill`."""
+    name = _signal_name(signum)
+    oom = memory.get("oom_kills_meanwhile")
+    peak = memory.get("peak_bytes")
+    if signum == signal.SIGKILL and oom:
+        why = ("; the kernel's out-of-memory killer killed a process on this node meanwhile "
+               "(/proc/vmstat oom_kill): most likely the stage ran out of memory")
+    elif signum == signal.SIGKILL:
+        why = ("; a SIGKILL from outside is most often the kernel's out-of-memory killer "
+               "(or a container's memory limit)")
+    else:
+        why = ""
+    return {"code": "stage_killed",
+            "message": f"the stage process was killed by {name} (signal {signum}), which no "
+                       f"part of draftyard sent{why}. Peak memory of the stage's processes: "
+                       f"{mib(peak)}; the node had {mib(memory.get('node_available_bytes'))} "
+                       f"available of {mib(memory.get('node_total_bytes'))}",
+            "details": {"signal": name, "signal_number": signum, "memory": memory},
+            "log_tail": tail}
+
+
+def decline(job_id: str, why: str) -> bool:
+    """A job dispatched to a worker that is stopping: back to queued (its GPUs freed), for
+    the scheduler to place elsewhere or once a worker is back. False: not dispatched."""
+    with unit_of_work() as s:
+        job = s.get(Job, job_id, with_for_update=True)
+        if job is None or job.status != S.dispatched.value:
+            return False
+        transition(s, job, S.queued, reason=f"its worker is stopping ({why}); requeued",
+                   node=None)
+        return True
+
+
 def run_job(job_id: str, node: str) -> str:
+    if STOP.reason:  # a message taken while this worker stops: its stage would be stopped
+        retrying(lambda: decline(job_id, STOP.reason or ""), f"job {job_id}: decline",
+                 get_settings().stale_after_s / 2)
+        return "declined"
     # A DB blip as the message arrives: retry (the reaper requeues an unclaimed dispatch).
     if not retrying(lambda: claim(job_id, node), f"job {job_id}: claim",
                     get_settings().stale_after_s / 2):

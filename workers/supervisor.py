@@ -13,7 +13,16 @@ Nothing outlives its attempt (issue 24): the stage and all it starts carry the a
 (procgroup.TAG_ENV); when the stage ends, by any signal, the supervisor kills every process
 left with that tag (torchrun's ranks live in sessions of their own, so the stage's process
 group does not hold them), and before an attempt starts it kills whatever an earlier attempt
-of the same job left."""
+of the same job left.
+
+A stop of the worker stops its stages now (`request_stop`): each stage is asked to save and
+exit, killed after `stop_grace_s`, and its job requeued to resume from what it saved
+(workers/runner.py), rather than the worker waiting minutes for a long stage to end.
+
+A stage that died by a signal nobody of ours sent (the kernel's out-of-memory killer sends
+SIGKILL) is told apart from one we stopped: `StageOutcome.outside_signal`, with the peak memory
+of the attempt's processes sampled while it ran and the node's memory then
+(procgroup/memory.py)."""
 
 from __future__ import annotations
 
@@ -41,6 +50,7 @@ from app.models import Job
 from app.scheduler.reaper import give_up_s
 from app.jobs.states import JobStatus as S
 from procgroup import ARGV_SLOT, PARENT_ENV, TAG_ENV, TAG_SLOT, Attempt, signal_group
+from procgroup.memory import PeakMemory
 from procgroup.warm import WarmChild, WarmStarter
 from workers.attempt import Attempt as JobAttempt
 from workers.stages.starter import DATA_STAGES, MODEL_STAGES
@@ -97,6 +107,28 @@ def _warm_starter(name: str, profile: str, log_name: str) -> WarmStarter:
 
 STAGE_SERVER = _warm_starter("stages", "model", "starter.log")
 DATA_SERVER = _warm_starter("data", "data", "starter-data.log")
+
+
+class _Stop:
+    """Set when this worker process is told to stop (a plain attribute: it is set from a
+    signal handler, where taking a lock could deadlock)."""
+
+    reason: str | None = None
+
+
+STOP = _Stop()
+# Signals a process raises on itself when it crashes (a bad access, an abort, a bad
+# instruction): the stage's own failure, not a kill from outside.
+SELF_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL,
+                          signal.SIGABRT})
+
+
+def request_stop(reason: str) -> None:
+    """Stop every stage this process supervises, now: each watch loop sees it within a
+    round, asks its stage to save and exit, kills it after `stop_grace_s`, and returns an
+    outcome whose job is requeued (workers/runner.py). Called from the worker's shutdown
+    signal handler (workers/celery_app.py): only sets a flag."""
+    STOP.reason = STOP.reason or reason
 
 
 class GaveUp(RuntimeError):
@@ -180,6 +212,12 @@ class StageOutcome:
     lost: bool = False
     # The scheduler asked this attempt to yield its GPUs (workers/runner.py requeues it).
     preempted: bool = False
+    # This worker was told to stop (request_stop: why); the stage was stopped, not failed.
+    stopped: str | None = None
+    # The stage died by this signal and nobody of ours sent one; `memory` then holds what
+    # its processes and the node had (procgroup.memory.PeakMemory.report).
+    outside_signal: int | None = None
+    memory: dict | None = None
 
 
 class Supervisor:
@@ -203,6 +241,8 @@ class Supervisor:
         self.artifacts: list[dict] = []
         self.proc: subprocess.Popen | WarmChild | None = None
         self.processes = Attempt(str(self.settings.home), att.job_id, att.number)
+        self.memory = PeakMemory(self.processes.tag)
+        self._signalled = False  # whether we (cancel, preemption, stop, fence) signalled it
 
     # -- child process --------------------------------------------------------------------
     def start(self) -> None:
@@ -246,6 +286,7 @@ class Supervisor:
 
     def _signal_group(self, sig: int) -> None:
         if self.proc is not None:  # started: a group of its own, whose id is its pid
+            self._signalled = True
             signal_group(self.proc.pid, sig)
 
     def kill(self) -> None:
@@ -298,11 +339,28 @@ class Supervisor:
         cancel_at: float | None = None
         grace = self.settings.cancel_grace_s
         preempted = False
+        stopped: str | None = None
         killed = False
         limit = give_up_s()
         while True:
             rc = self.proc.poll()
             now = time.monotonic()
+            if rc is None:
+                self.memory.sample(self.proc.pid)
+            if STOP.reason and rc is None and cancel_at is None:
+                # This worker is stopping: do not wait for the stage to end (it may have
+                # hours to go); it saves what it can within stop_grace_s.
+                cancel_at, stopped = now, STOP.reason
+                grace = self.settings.stop_grace_s
+                log.warning("job %s: worker stopping (%s); stopping the stage", self.job_id,
+                            stopped)
+                self._signal_group(signal.SIGTERM)
+            elif STOP.reason:  # a cancel or preemption under way ends within the stop's grace
+                grace = min(grace, self.settings.stop_grace_s)
+            # Before the database call: a grace ends on time during an outage too.
+            if cancel_at is not None and not killed and rc is None and now - cancel_at > grace:
+                self._signal_group(signal.SIGKILL)
+                killed = True
             if now < retry_at:
                 time.sleep(0.25)
                 continue
@@ -345,15 +403,20 @@ class Supervisor:
                     log.info("job %s: preempted; asking the stage to checkpoint and exit",
                              self.job_id)
                 self._signal_group(signal.SIGTERM)
-            if cancel_at is not None and not killed and now - cancel_at > grace:
-                self._signal_group(signal.SIGKILL)
-                killed = True
             if rc is not None:
                 # Stragglers (a vLLM server, torchrun and its ranks) go with the stage.
                 self._sweep()
+                outside = (-rc if rc < 0 and not self._signalled and -rc not in SELF_SIGNALS
+                           else None)
+                if outside is not None:
+                    log.warning("job %s: the stage died by signal %d that nobody here sent",
+                                self.job_id, outside)
                 # The last events were read by the pump above (after the exit), committed.
-                return StageOutcome(rc, cancel_at is not None and not preempted, self.error,
-                                    self.result, self.artifacts, preempted=preempted)
+                return StageOutcome(rc, cancel_at is not None and not (preempted or stopped),
+                                    self.error, self.result, self.artifacts,
+                                    preempted=preempted, stopped=stopped,
+                                    outside_signal=outside,
+                                    memory=self.memory.report() if outside else None)
             self._wait_exit(0.1 if cancel_at else 0.25)
 
     def _wait_exit(self, seconds: float) -> None:

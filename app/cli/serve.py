@@ -37,10 +37,13 @@ def start_worker(node: str = "local", gpus: str | None = None) -> subprocess.Pop
     if gpus:
         argv += ["--gpus", gpus]
     s = get_settings()
-    # The worker dies with `up` (PR_SET_PDEATHSIG): uvicorn re-raises SIGTERM after its
-    # graceful shutdown, so atexit alone would leave an orphan worker behind.
+    # The worker stops with `up` however `up` ends: SIGTERM from `up`'s exit (atexit, after
+    # uvicorn's graceful shutdown on SIGTERM or Ctrl-C), else from the kernel when `up` dies
+    # (PR_SET_PDEATHSIG: SIGKILL, or the SIGHUP of its closed terminal). On SIGTERM the
+    # worker stops its stages at once and requeues their jobs (workers/supervisor.py
+    # request_stop); it is killed if it has not exited after their grace and a margin.
     proc = spawn(argv, log=s.home / "worker.log", stdin=None, death_signal=signal.SIGTERM)
-    atexit.register(stop_group, proc, 10.0)
+    atexit.register(stop_group, proc, s.stop_grace_s + 10.0)
     return proc
 
 

@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     heartbeat_s: float = 2.0
     stale_after_s: float = 20.0
     cancel_grace_s: float = 10.0
+    # A worker that is told to stop (SIGTERM or SIGINT, or `draftyard up` stopping or dying)
+    # asks each running stage to save and exit (train checkpoints at its next step), gives it
+    # this long, then kills it and requeues its job (workers/supervisor.py `request_stop`).
+    stop_grace_s: float = 5.0
     max_attempts: int = 3
     user_gpu_quota: int = 0  # 0 = no per-user quota
     # A big job may be passed by smaller ones only for this long (aging bound).

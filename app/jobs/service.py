@@ -310,11 +310,43 @@ def requeue_preempted(session: Session, job: Job) -> None:
             "reason": f"{job.preempt_by} (priority {by.priority if by else '?'}) needed the "
                       f"GPUs on {job.node}; this job has priority {job.priority}"}
     history = recent((job.preemption or {}).get("history"), now.timestamp())
-    transition(session, job, S.queued, reason=f"preempted by {job.preempt_by}",
-               attempt=job.attempt + 1, node=None, started_at=None, progress=None,
-               preempt_by=None, preemption={**info, "history": history + [now.timestamp()]})
-    job.max_attempts += 1  # not a fault: the reaper's budget of retries stays whole
+    requeue(session, job, f"preempted by {job.preempt_by}", fault=False, preempt_by=None,
+            preemption={**info, "history": history + [now.timestamp()]})
     add_event(session, job.id, "preempted", info)
+
+
+def requeue(session: Session, job: Job, reason: str, *, fault: bool, **fields: Any) -> None:
+    """A running (or lost) job back to queued as its next attempt, which resumes from what
+    the last one saved (contracts/jobtypes.py `resumable`). `fault`: an infrastructure fault
+    (a lost worker, a stage killed from outside) spends one of the job's `max_attempts`;
+    otherwise (preempted, its worker stopped) the budget stays whole."""
+    transition(session, job, S.queued, reason=reason, attempt=job.attempt + 1, node=None,
+               started_at=None, progress=None, **fields)
+    if not fault:
+        job.max_attempts += 1
+
+
+# How many times a job whose stage died by a signal nobody of ours sent (the kernel's OOM
+# killer, an operator's kill) is retried: once, for a node that was short of memory for a
+# moment; a stage that needs more than the node has would only die again.
+OUTSIDE_KILL_RETRIES = 1
+KILLED = "stage_killed"
+
+
+def retry_killed(session: Session, job: Job, error: dict) -> bool:
+    """Record a stage's death by an outside signal (a warning event with the signal and the
+    memory figures of `error`, workers/runner.py) and requeue the job as an infrastructure
+    fault when it is the first such death and attempts are left; False: the caller fails it
+    with `error`."""
+    before = sum(1 for data in session.scalars(
+        select(JobEvent.data).where(JobEvent.job_id == job.id, JobEvent.kind == "warning"))
+        if (data or {}).get("code") == KILLED)
+    add_event(session, job.id, "warning", {"code": KILLED, "message": error["message"],
+                                           **(error.get("details") or {})})
+    if before >= OUTSIDE_KILL_RETRIES or job.attempt >= job.max_attempts:
+        return False
+    requeue(session, job, f"{error['message']}; retried once", fault=True)
+    return True
 
 
 # ---- reads ------------------------------------------------------------------------------

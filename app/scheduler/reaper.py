@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from app.core.config import get_settings
 from app.cluster.service import first_live_node
 from app.core.db import db_now, unit_of_work
-from app.jobs.service import transition
+from app.jobs.service import requeue, transition
 from app.jobs.states import ACTIVE
 from app.jobs.states import JobStatus as S
 from app.models import Job, Node
@@ -87,8 +87,7 @@ def _move_on(session: Session, jobs: list[Job], why: str) -> list[str]:
         elif job.attempt < job.max_attempts:
             log.warning("job %s: worker on %s %s; requeueing (attempt %d)", job.id, where, why,
                         job.attempt + 1)
-            transition(session, job, S.queued, reason=f"worker on {where} {why}; requeued",
-                       attempt=job.attempt + 1, node=None, started_at=None, progress=None)
+            requeue(session, job, f"worker on {where} {why}; requeued", fault=True)
         else:
             transition(session, job, S.failed, error={
                 "code": "worker_lost",
