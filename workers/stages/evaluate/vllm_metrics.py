@@ -166,7 +166,8 @@ def measure_with_vllm(target: str, drafter: str, kind: str, num_spec: int,
     """
     cmd = command or serve_command(target, drafter, kind, num_spec, port, "target", options)
     with VllmServer(cmd, port, Path(work_dir) / "vllm.log",
-                    startup_timeout_s=startup_timeout_s) as srv:
+                    startup_timeout_s=startup_timeout_s,
+                    port_param="params.vllm_port") as srv:  # contracts/evaluate.py
         complete(srv, "target", prompts[:1], 4, concurrency=1)  # warm-up, excluded below
         before = metrics(srv)
         t0 = time.monotonic()
