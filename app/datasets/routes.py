@@ -13,6 +13,7 @@ from app.core.reads import body_of, typed
 from app.datasets import service
 from app.datasets.rejects import rejects_page
 from app.datasets.schemas import DatasetList, DatasetRead
+from contracts.ingest import FORMAT_CHOICES
 from contracts.inputs import MixSource
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
@@ -22,7 +23,8 @@ class DatasetFromPath(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=200)
     path: str
-    format: str = "auto"
+    # checked by the service (400 unknown_format, naming the choices)
+    format: str = Field("auto", json_schema_extra={"enum": list(FORMAT_CHOICES)})
 
 
 class MixCreate(BaseModel):
@@ -40,7 +42,8 @@ UPLOAD_BODY = {"requestBody": {"required": True, "content": {
         "properties": {"file": {"type": "string", "format": "binary",
                                 "description": "JSON Lines, JSON, Parquet; gzip/zstd allowed"},
                        "name": {"type": "string", "maxLength": 200},
-                       "format": {"type": "string", "default": "auto"}}}},
+                       "format": {"type": "string", "default": "auto",
+                                  "enum": list(FORMAT_CHOICES)}}}},
     "application/json": {"schema": DatasetFromPath.model_json_schema()}}}}
 
 
