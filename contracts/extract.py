@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from contracts.drafters import DEFAULT_DRAFTER, DrafterType
 from contracts.target import layer_ids_problem
 from contracts.vllm import VllmOptions
 
@@ -36,7 +37,7 @@ class ExtractParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     layer_ids: list[int] | None = None      # aux layers; None: the drafter type's defaults
-    drafter_type: Literal["dflash", "eagle3"] = "dflash"
+    drafter_type: DrafterType = DEFAULT_DRAFTER
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     backend: Literal["auto", "hf", "vllm"] = "auto"
     # Positions (padding included) per forward: big enough to fill a GPU, small enough

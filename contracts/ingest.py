@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# The one list of dataset formats: "auto" (each record by the format its keys show) and every
+# format the ingest stage normalizes (workers/stages/ingest/formats.py NORMALIZERS, checked
+# against this list when it is imported). The API's and the CLI's format choices read it.
 FormatName = Literal["auto", "openai", "sharegpt", "alpaca", "openorca", "oasst", "ultrachat",
                      "magicoder", "evol_codealpaca", "prompt", "oasst_flat"]
+FORMAT_CHOICES: tuple[str, ...] = get_args(FormatName)
+FORMATS = tuple(f for f in FORMAT_CHOICES if f != "auto")  # the formats themselves
 
 
 class IngestParams(BaseModel):

@@ -1,9 +1,11 @@
 """What each job type *is*, in one place: its params and inputs models, which artifact kinds
 each input accepts, its stage version, whether it resumes and is preemptible by default,
 whether it may use GPUs, whether its finished work may be reused, whether (and why) it loads
-its target's weights. The API (submit checks),
-the scheduler (reuse), the fingerprint, the run expansion and the stages' entry point read
-this registry; nothing else lists job types.
+its target's weights, whether its stage loads a model or streams records, what it reserves on
+disk, and its one-line summary. The API (submit checks), the scheduler (reuse, disk
+reservations), the fingerprint, the run expansion, the stages' entry point, the workers' warm
+starters and the CLI read this registry; nothing else lists job types
+(tests/service/test_jobtypes.py holds the derived sets to it).
 
 Imports nothing but pydantic and contracts/: `app/` uses it without the pipeline core."""
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel
 
@@ -62,8 +65,23 @@ class JobTypeDef:
     # config-only target (contracts/target.py has_weights) is refused for such a type: by the
     # run's plan and at submit.
     target_weights: str | None = None
+    # The stage imports torch, transformers and speculators to load a model: a worker's warm
+    # model starter forks it (workers/stages/starter.py profile "model").
+    model_stage: bool = False
+    # A streaming data stage, whose peak memory must not grow with its records: lean
+    # allocators before pyarrow (workers/stages/memory.py), forked by the data starter.
+    streaming: bool = False
+    # What a job reserves on the scratch volume when placed (app/storage/reserve.py ESTIMATES
+    # maps it to its estimate from the job's inputs and params); None: it states none.
+    disk: Literal["hidden_states", "tokenized", "generated"] | None = None
+    # One line for the CLI (`draftyard submit --help`).
+    summary: str = ""
 
     def __post_init__(self) -> None:
+        if not self.summary:
+            raise TypeError(f"{self.name}: no summary")
+        if self.model_stage and self.streaming:
+            raise TypeError(f"{self.name}: a model stage does not stream records")
         names = set(self.inputs.model_fields)
         if set(self.accepts) != names:
             raise TypeError(f"{self.name}: accepts {sorted(self.accepts)} but the inputs "
@@ -82,30 +100,38 @@ _RUNS = "runs the target"
 JOB_TYPES: dict[str, JobTypeDef] = {d.name.value: d for d in (
     # probe: diagnostics, nothing to lose when stopped, never reused.
     JobTypeDef(JobType.probe, ProbeParams, ProbeInputs, resumable=True, gpu=True,
-               reusable=False),
-    JobTypeDef(JobType.ingest, IngestParams, IngestInputs, {"source": ("upload", "path")}),
-    JobTypeDef(JobType.mix, MixParams, MixInputs, {"sources": ("dataset",)}),
+               reusable=False, summary="a node's facts (or a sleep or failure on purpose)"),
+    JobTypeDef(JobType.ingest, IngestParams, IngestInputs, {"source": ("upload", "path")},
+               streaming=True, summary="a chat-data file -> a dataset"),
+    JobTypeDef(JobType.mix, MixParams, MixInputs, {"sources": ("dataset",)}, streaming=True,
+               summary="several datasets -> one, in chosen shares"),
     # split: one dataset -> a training part and a held-out part (seeded).
-    JobTypeDef(JobType.split_, SplitParams, SplitInputs, {"dataset": ("dataset",)}),
+    JobTypeDef(JobType.split_, SplitParams, SplitInputs, {"dataset": ("dataset",)},
+               streaming=True, summary="a dataset -> a training part and a held-out part"),
     # generate and extract resume from their finished shards/samples; they may opt in.
     JobTypeDef(JobType.generate, GenerateParams, GenerateInputs,
                {"dataset": ("dataset",), "target": _T}, resumable=True, gpu=True,
-               target_weights=f"{_RUNS} to write the answers"),
+               target_weights=f"{_RUNS} to write the answers", model_stage=True,
+               disk="generated", summary="a dataset whose answers the target writes"),
     JobTypeDef(JobType.prepare, PrepareParams, PrepareInputs,
-               {"dataset": ("dataset",), "target": _T}),
+               {"dataset": ("dataset",), "target": _T}, disk="tokenized",
+               summary="a dataset -> token ids and loss masks for the target"),
     JobTypeDef(JobType.extract, ExtractParams, ExtractInputs,
                {"tokenized": ("tokenized",), "target": _T}, resumable=True, gpu=True,
-               target_weights=f"{_RUNS} to capture its hidden states"),
+               target_weights=f"{_RUNS} to capture its hidden states", model_stage=True,
+               disk="hidden_states", summary="the target's hidden states (offline training)"),
     # train checkpoints on SIGTERM: preemptible unless an admin exempts the job.
     JobTypeDef(JobType.train, TrainParams, TrainInputs,
                {"tokenized": ("tokenized",), "target": _T, "hidden_states": ("hidden_states",)},
                resumable=True, preemptible_by_default=True, gpu=True,
                target_weights="builds the drafter on the target's embeddings and lm_head "
-                              f"(online, it also {_RUNS})"),
+                              f"(online, it also {_RUNS})", model_stage=True,
+               summary="a drafter, trained on the target's hidden states"),
     JobTypeDef(JobType.evaluate, EvalParams, EvaluateInputs,
                {"target": _T, "drafter": ("drafter",), "data": ("tokenized", "dataset"),
                 "baseline_drafter": ("drafter",)}, gpu=True,
-               target_weights=f"{_RUNS} alone and with the drafter"),
+               target_weights=f"{_RUNS} alone and with the drafter", model_stage=True,
+               summary="a drafter's acceptance (tau, per position) with the target"),
 )}
 assert set(JOB_TYPES) == set(JobType), "every JobType has exactly one definition"
 
@@ -114,6 +140,11 @@ NEVER_REUSE = frozenset(n for n, d in JOB_TYPES.items() if not d.reusable)
 # type -> why it loads the target's weights, in pipeline order (generate, extract, train,
 # evaluate); every other type needs the target's config and tokenizer at most.
 NEEDS_TARGET_WEIGHTS = {n: w for n, d in JOB_TYPES.items() if (w := d.target_weights)}
+# The stages a worker's warm model starter forks, and the streaming ones (the data starter).
+MODEL_STAGES = frozenset(n for n, d in JOB_TYPES.items() if d.model_stage)
+STREAMING_STAGES = frozenset(n for n, d in JOB_TYPES.items() if d.streaming)
+# The types that state what they will write (app/storage/reserve.py).
+RESERVES = tuple(n for n, d in JOB_TYPES.items() if d.disk)
 
 
 def job_type(name: str) -> JobTypeDef:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.bounds import JsonObject, check_json
+from contracts.drafters import DrafterType
 
 STAGE_ORDER = ("split", "generate", "prepare", "extract", "train", "evaluate")
 
@@ -36,7 +37,7 @@ class RunSpecError(ValueError):
 
 class DrafterSpec(BaseModel):
     model_config = ConfigDict(extra="allow")
-    type: Literal["dflash", "eagle3"]
+    type: DrafterType
     num_layers: int | None = Field(None, ge=1, le=64)
     block_size: int | None = Field(None, ge=2, le=64)
     draft_vocab_size: int | None = Field(None, ge=16)

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contracts.drafters import (DRAFTERS, DrafterOptions, DrafterType, drafter,
+                                option_fields, option_owners)
 from contracts.target import layer_ids_problem
 from contracts.vllm import VllmOptions
 
@@ -26,37 +28,34 @@ class _Strict(BaseModel):
 
 
 class DrafterParams(_Strict):
-    type: Literal["dflash", "eagle3"]
+    type: DrafterType
     # One layer: the FIELD-NOTES demo setting; speculators' DFlash recipe uses 5 on GPUs.
     num_layers: int = Field(1, ge=1, le=64)
-    # DFlash: tokens per drafted block (anchor + block_size-1 speculative tokens).
+    # A type's own options (contracts/drafters.py, with their meaning and defaults); None:
+    # the type's default. Given to a type that does not take it: refused.
     block_size: int | None = Field(None, ge=2, le=64)
-    # DFlash: anchors sampled per packed row (speculators' --max-anchors, default 512).
     num_anchors: int | None = Field(None, ge=1, le=65536)
-    # EAGLE-3: test-time-training unroll depth = speculative tokens served by vLLM.
     ttt_steps: int | None = Field(None, ge=1, le=16)
+    mask_token_id: int | None = Field(None, ge=0)
     # Aux layer ids; None = the hidden_states artifact's `layer_ids` (offline) or the
     # extract stage's default for this drafter type (online).
     target_layer_ids: list[int] | None = None
     # Draft vocabulary (d2t/t2d from the prepare stage's token_freq.pt); None = the full
     # target vocabulary. 2,048 keeps a CPU step cheap (FIELD-NOTES: 151k vocab is 50x slower).
     draft_vocab_size: int | None = Field(2048, ge=16)
-    # DFlash mask token; None = tokenizer's mask token, else a spare embedding slot, else
-    # pad/eos (Qwen3's tokenizer fills its embedding, FIELD-NOTES).
-    mask_token_id: int | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _per_type(self) -> DrafterParams:
-        if self.type == "dflash":
-            if self.ttt_steps is not None:
-                raise ValueError("ttt_steps applies to eagle3 only (dflash uses block_size)")
-            self.block_size = 8 if self.block_size is None else self.block_size
-            self.num_anchors = 512 if self.num_anchors is None else self.num_anchors
-        else:
-            for name in ("block_size", "num_anchors", "mask_token_id"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"{name} applies to dflash only")
-            self.ttt_steps = 4 if self.ttt_steps is None else self.ttt_steps
+        d = drafter(self.type)
+        own = d.options.model_fields
+        for name in sorted(option_fields() - set(own)):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} applies to {' and '.join(option_owners(name))} only"
+                                 f" (not {self.type})")
+        opts = d.options.model_validate({k: v for k in own
+                                         if (v := getattr(self, k)) is not None})
+        for k in own:  # the type's defaults in place of what was not given
+            setattr(self, k, getattr(opts, k))
         if self.target_layer_ids is not None:  # the target's range: checked by the stage
             bad = layer_ids_problem(self.target_layer_ids, None, "target_layer_ids")
             if bad:
@@ -64,13 +63,15 @@ class DrafterParams(_Strict):
         return self
 
     @property
+    def options(self) -> DrafterOptions:
+        """This drafter's own options, as its type defines them."""
+        d = drafter(self.type)
+        return d.options.model_validate({k: getattr(self, k) for k in d.options.model_fields})
+
+    @property
     def speculative_tokens(self) -> int:
         """Tokens one draft pass proposes (what vLLM's num_speculative_tokens gets)."""
-        if self.type == "dflash":
-            assert self.block_size is not None  # _per_type sets it
-            return self.block_size - 1
-        assert self.ttt_steps is not None  # _per_type sets it
-        return self.ttt_steps
+        return self.options.speculative_tokens()
 
 
 class OnlineParams(VllmOptions):
@@ -92,8 +93,9 @@ class TrainParams(_Strict):
     warmup_steps: int = Field(0, ge=0)
     epochs: int = Field(1, ge=1, le=10000)
     max_steps: int | None = Field(None, ge=1)
-    # None = speculators' default per type: ce (+ D-PACE weighting) for dflash, kl_div for
-    # eagle3. kl_div on dflash uses fixed-exp-decay weighting (D-PACE requires CE).
+    # None = speculators' default per type (contracts/drafters.py default_loss): ce (+ D-PACE
+    # weighting) for dflash, kl_div for eagle3. kl_div on dflash uses fixed-exp-decay
+    # weighting (D-PACE requires CE).
     loss: Literal["ce", "kl_div"] | None = None
     # DFlash per-position loss weights: D-PACE (speculators' DFlash default, CE only) or
     # exp_decay (exp(-(k-1)/4), the DFlash paper's). None = dpace for ce, else exp_decay.
@@ -123,18 +125,23 @@ class TrainParams(_Strict):
             raise ValueError("eval_every needs val_fraction > 0")
         if self.distributed == "fsdp" and self.nproc == 1:
             raise ValueError("distributed=fsdp needs more than one process")
-        if self.position_weighting is not None and self.drafter.type != "dflash":
-            raise ValueError("position_weighting applies to dflash only")
+        kind = drafter(self.drafter.type)
+        if self.mode not in kind.modes:
+            raise ValueError(f"drafter type {kind.name} trains {' or '.join(sorted(kind.modes))}"
+                             f" only, not {self.mode}")
+        if self.position_weighting is not None and not kind.position_weighting:
+            owners = [n for n, t in DRAFTERS.items() if t.position_weighting]
+            raise ValueError(f"position_weighting applies to {' and '.join(owners)} only")
         if self.position_weighting == "dpace" and self.loss_fn != "ce":
             raise ValueError("position_weighting=dpace requires loss=ce")
         d = self.drafter
-        if d.type == "dflash" and d.block_size is not None and self.seq_length <= d.block_size:
+        if d.block_size is not None and self.seq_length <= d.block_size:
             raise ValueError(f"seq_length must exceed drafter.block_size ({d.block_size})")
         return self
 
     @property
     def loss_fn(self) -> str:
-        return self.loss or ("ce" if self.drafter.type == "dflash" else "kl_div")
+        return self.loss or drafter(self.drafter.type).default_loss
 
     @property
     def dflash_weighting(self) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from app.cli.view import console, fail, print_error
+from contracts.drafters import DEFAULT_DRAFTER, drafter_types
 from draftyard import ApiError, Client
 
 
@@ -44,11 +45,12 @@ def register(cli: typer.Typer) -> None:
                  dataset: str = typer.Argument(..., help="dataset name or id"),
                  out: Path = typer.Option(Path("run.json"), "-o", "--out",
                                           help="where to write the body"),
-                 drafter: str = typer.Option("dflash", help="dflash | eagle3"),
+                 drafter: str = typer.Option(DEFAULT_DRAFTER,
+                                             help=" | ".join(drafter_types())),
                  force: bool = typer.Option(False, help="overwrite an existing file")):
         """Write a starting run body for TARGET and DATASET (then: draftyard plan FILE)."""
-        if drafter not in ("dflash", "eagle3"):
-            print_error(f"--drafter: {drafter!r} is not dflash or eagle3")
+        if drafter not in drafter_types():
+            print_error(f"--drafter: {drafter!r} is not one of {', '.join(drafter_types())}")
             raise typer.Exit(2)
         if out.exists() and not force:
             print_error(f"{out} exists already (--force overwrites it)")

@@ -21,6 +21,7 @@ from app.cli.view import (console, describe, fail, follow_jobs, jobs_table, owne
                           print_error,
                           print_failures,
                           print_json)
+from contracts.jobtypes import JOB_TYPES
 from draftyard import ApiError, Client
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -86,13 +87,17 @@ def demo(json_out: bool = typer.Option(False, "--json", help="end with a JSON su
 
 # ---- client commands ----------------------------------------------------------------------
 
-@cli.command()
-def submit(type: str = typer.Argument(..., help="probe|ingest|generate|prepare|extract|train|evaluate"),  # noqa: A002
+# Every job type with its one line (contracts/jobtypes.py); \b keeps click from rewrapping.
+_SUBMIT_HELP = "Submit a job.\n\n\b\n" + "\n".join(
+    f"{n:<9} {d.summary}" for n, d in JOB_TYPES.items())
+
+
+@cli.command(help=_SUBMIT_HELP)
+def submit(type: str = typer.Argument(..., help="a job type (listed above)"),  # noqa: A002
            params: str = typer.Option("{}", help="JSON params"),
            inputs: str = typer.Option("{}", help="JSON inputs"),
            gpus: int = 0, priority: int = 50, name: Optional[str] = None,
            follow: bool = typer.Option(False, "-f", "--follow", help="show a live progress bar")):
-    """Submit a job."""
     c = _client()
     try:
         body = {"type": type, "params": json.loads(params), "inputs": json.loads(inputs),

@@ -23,6 +23,7 @@ from app.cli.view import (TERMINAL, console, fail, follow_jobs, make_table, num,
                           print_error,
                           print_failures,
                           print_json, verdict_line)
+from contracts.ingest import FORMATS
 from draftyard import ApiError, Client
 
 
@@ -158,7 +159,8 @@ def register(cli: typer.Typer) -> None:
     @cli.command()
     def dataset(file: Path = typer.Argument(..., help="a chat-data file to upload"),
                 name: Optional[str] = typer.Option(None, help="default: the file's name"),
-                fmt: str = typer.Option("auto", "--format", help="force a format"),
+                fmt: str = typer.Option("auto", "--format", help="force a format: " +
+                                        " | ".join(FORMATS) + " (auto: detect it)"),
                 server_path: bool = typer.Option(False, help="ingest FILE where it lies on the "
                                                  "server (inside DRAFTYARD_DATA_ROOTS), no upload")):
         """Add a dataset and wait for its ingest: format, counts, rejected lines and why."""

@@ -14,6 +14,7 @@ from app.datasets import service
 from app.datasets.rejects import rejects_page
 from app.datasets.schemas import DatasetList, DatasetRead
 from contracts.bounds import ServerPath
+from contracts.ingest import FORMAT_CHOICES
 from contracts.inputs import MixSource
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
@@ -23,7 +24,8 @@ class DatasetFromPath(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=200)
     path: ServerPath
-    format: str = "auto"
+    # checked by the service (400 unknown_format, naming the choices)
+    format: str = Field("auto", json_schema_extra={"enum": list(FORMAT_CHOICES)})
 
 
 class MixCreate(BaseModel):
@@ -41,7 +43,8 @@ UPLOAD_BODY = {"requestBody": {"required": True, "content": {
         "properties": {"file": {"type": "string", "format": "binary",
                                 "description": "JSON Lines, JSON, Parquet; gzip/zstd allowed"},
                        "name": {"type": "string", "maxLength": 200},
-                       "format": {"type": "string", "default": "auto"}}}},
+                       "format": {"type": "string", "default": "auto",
+                                  "enum": list(FORMAT_CHOICES)}}}},
     "application/json": {"schema": DatasetFromPath.model_json_schema()}}}}
 
 

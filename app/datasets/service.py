@@ -31,16 +31,15 @@ from app.jobs.states import JobStatus as S
 from app.models import Artifact, Dataset, Job
 from app.scheduler.service import lock
 from app.storage.delete import may_delete, refuse_if_needed, tombstone
+from contracts.ingest import FORMAT_CHOICES
 from contracts.jobtypes import JobType
 
-FORMATS = ("auto", "openai", "sharegpt", "alpaca", "openorca", "oasst", "ultrachat", "magicoder",
-           "evol_codealpaca", "prompt", "oasst_flat")
 SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".parquet", ".gz", ".zst")
 
 
 def _check_format(fmt: str) -> str:
-    if fmt not in FORMATS:
-        raise Invalid(f"format {fmt!r} is not supported; one of: {', '.join(FORMATS)}",
+    if fmt not in FORMAT_CHOICES:
+        raise Invalid(f"format {fmt!r} is not supported; one of: {', '.join(FORMAT_CHOICES)}",
                       param="format", code="unknown_format")
     return fmt
 

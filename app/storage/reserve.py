@@ -13,6 +13,7 @@ publishing renames that into artifacts/, so the reservation is on the scratch vo
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -22,15 +23,15 @@ from app.core.errors import Conflict
 from app.jobs.inputs import Unresolved, resolve
 from app.models import Artifact, Job, Target
 from app.storage.volumes import RESERVING, existing, volumes
+from contracts.drafters import DEFAULT_DRAFTER, UnknownDrafter, default_layer_ids
+from contracts.jobtypes import JOB_TYPES, RESERVES
 from contracts.storage import (DTYPE_SIZES, generate_bytes, hidden_state_bytes, human_bytes,
                                prepare_bytes)
 
 VOLUME = "scratch"  # where stages write (see the module doc)
-DEFAULT_AUX = {"dflash": 5, "eagle3": 3}  # layers/default_layer_ids: at most this many
-RESERVES = ("extract", "prepare", "generate")  # the types that state what they will write
 
 
-def _extract(session: Session, job: Job, inputs: dict) -> int | None:
+def _hidden_states(session: Session, job: Job, inputs: dict) -> int | None:
     tok, tgt = inputs.get("tokenized") or {}, inputs.get("target") or {}
     meta = tok.get("meta") or {}
     t = session.get(Target, tgt.get("id")) if tgt.get("id") else None
@@ -42,30 +43,49 @@ def _extract(session: Session, job: Job, inputs: dict) -> int | None:
         share = min(1.0, p["max_samples"] / rows)
         tokens, rows = int(tokens * share) + 1, min(rows, p["max_samples"])
     n_layers = t.num_layers or 1
-    aux = len(p["layer_ids"]) if p.get("layer_ids") else min(
-        DEFAULT_AUX.get(p.get("drafter_type", "dflash"), 5), n_layers)
+    try:  # the stage's own default (contracts/drafters.py) when none are given
+        aux = len(p["layer_ids"]) if p.get("layer_ids") else len(
+            default_layer_ids(p.get("drafter_type", DEFAULT_DRAFTER), n_layers))
+    except UnknownDrafter:
+        return None
     return hidden_state_bytes(tokens, aux + 1, t.hidden_size,
                               DTYPE_SIZES.get(p.get("dtype", "bfloat16"), 2), rows or 0)
 
 
+def _dataset(session: Session, inputs: dict) -> Artifact | None:
+    ds = inputs.get("dataset") or {}
+    return session.get(Artifact, ds.get("id")) if ds.get("id") else None
+
+
+def _tokenized(session: Session, job: Job, inputs: dict) -> int | None:
+    art = _dataset(session, inputs)
+    return prepare_bytes(art.bytes) if art is not None else None
+
+
+def _generated(session: Session, job: Job, inputs: dict) -> int | None:
+    art = _dataset(session, inputs)
+    if art is None:
+        return None
+    n = (art.meta or {}).get("num_records") or 0
+    return generate_bytes(n, int((job.params or {}).get("max_tokens", 256)), art.bytes)
+
+
+# What a job type reserves (contracts/jobtypes.py `disk`) -> its estimate from the job's
+# inputs and params.
+ESTIMATES: dict[str, Callable[[Session, Job, dict], int | None]] = {
+    "hidden_states": _hidden_states, "tokenized": _tokenized, "generated": _generated}
+
+
 def estimate(session: Session, job: Job) -> int | None:
     """Bytes the job will write, or None when its type states no estimate."""
-    if job.type not in RESERVES:
+    d = JOB_TYPES.get(job.type)
+    if d is None or d.disk is None:
         return None
     try:
         inputs = resolve(session, job)
     except Unresolved:
         return None
-    if job.type == "extract":
-        return _extract(session, job, inputs)
-    ds = inputs.get("dataset") or {}
-    art = session.get(Artifact, ds.get("id")) if ds.get("id") else None
-    if art is None:
-        return None
-    if job.type == "prepare":
-        return prepare_bytes(art.bytes)
-    n = (art.meta or {}).get("num_records") or 0
-    return generate_bytes(n, int((job.params or {}).get("max_tokens", 256)), art.bytes)
+    return ESTIMATES[d.disk](session, job, inputs)
 
 
 class Disk:

@@ -35,3 +35,26 @@ def test_the_preemption_rule_reads_the_definition(db, user):
         create_job(db, user, JobCreate(type=JobType.evaluate, preemptible=True,
                                        inputs={"target": "tgt_x", "drafter": "art_x",
                                                "data": "art_y"}))
+
+
+def test_the_facts_of_a_job_type_are_read_from_its_definition():
+    """Which warm starter forks a stage, which streams, what it reserves on disk and the CLI's
+    list of types: derived from JOB_TYPES, never listed again."""
+    from typer.testing import CliRunner
+
+    from app.cli.main import cli
+    from app.storage import reserve
+    from workers.stages import starter
+
+    def having(fact: str) -> set[str]:
+        return {n for n, d in JOB_TYPES.items() if getattr(d, fact)}
+
+    assert starter.MODEL_STAGES == having("model_stage") == {
+        "generate", "extract", "train", "evaluate"}
+    assert starter.DATA_STAGES == having("streaming") == {"ingest", "mix", "split"}
+    assert starter.PROFILES["model"] == starter.MODEL_STAGES
+    assert set(reserve.RESERVES) == having("disk") == {"extract", "prepare", "generate"}
+    assert {d.disk for d in JOB_TYPES.values() if d.disk} == set(reserve.ESTIMATES)
+    out = CliRunner().invoke(cli, ["submit", "--help"], terminal_width=120).output
+    for name, d in JOB_TYPES.items():
+        assert f"{name} " in out and d.summary in out, name

@@ -364,3 +364,23 @@ def test_a_taken_port_is_refused_before_the_server_starts(tmp_path):
             srv.start()
     assert e.value.code == "backend_failed" and f"port {port}" in e.value.message
     assert srv.proc is None and not (tmp_path / "s.pid").exists()
+
+
+def test_a_taken_port_names_the_param_that_chose_it(tiny_target, tmp_path, monkeypatch):
+    # The same path as tests/stages/vllm_cpu/test_generate.py's start errors, without vLLM:
+    # the stage's error names the job's field to change, not only the port.
+    import socket
+
+    _fake_env(monkeypatch, tmp_path, [9707, 151645])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        spec = make_spec(tmp_path / "run", RECORDS[:1], target_input(tiny_target),
+                         backend="vllm", max_tokens=5, vllm=_vllm_params(port=port))
+        with pytest.raises(StageError) as e:
+            run_stage(spec)
+    assert e.value.code == "backend_failed" and f"port {port}" in e.value.message
+    assert "params.vllm.port" in e.value.message and e.value.details == {
+        "field": "params.vllm.port"}
+    assert not (tmp_path / "rec.json").exists()  # the fake server never started

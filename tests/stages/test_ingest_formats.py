@@ -264,3 +264,30 @@ def test_dataset_name_param_names_ids_and_sources(tmp_path, datasets_dir):
     _, meta, recs, _ = run_ingest(tmp_path, datasets_dir / "alpaca.jsonl", dataset_name="mine")
     assert [r["source"] for r in recs][:2] == ["mine:1", "mine:2"]
     assert recs[0]["id"] == "mine-1" and meta["source"]["name"] == "mine"
+
+
+def test_one_list_of_formats_for_the_stage_the_api_and_the_cli():
+    """contracts/ingest.py lists the formats; the stage, the API and the CLI derive theirs."""
+    import typer.main
+
+    from app.cli.main import cli
+    from app.core.errors import Invalid
+    from app.datasets import service
+    from app.datasets.routes import UPLOAD_BODY, DatasetFromPath
+    from contracts.ingest import FORMAT_CHOICES, FORMATS, IngestParams
+    from workers.stages.ingest.formats import NORMALIZERS
+
+    assert FORMAT_CHOICES == ("auto", *FORMATS) and set(NORMALIZERS) == set(FORMATS)
+    assert ingest.FORMATS == FORMATS
+    for f in FORMAT_CHOICES:
+        assert service._check_format(f) == IngestParams(format=f).format == f
+    with pytest.raises(Invalid) as e:
+        service._check_format("csv")
+    assert e.value.code == "unknown_format" and ", ".join(FORMAT_CHOICES) in e.value.message
+    form = UPLOAD_BODY["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert form["properties"]["format"]["enum"] == list(FORMAT_CHOICES)
+    assert DatasetFromPath.model_json_schema()["properties"]["format"]["enum"] == \
+        list(FORMAT_CHOICES)
+    command = typer.main.get_command(cli).commands["dataset"]
+    (fmt,) = [p for p in command.params if p.name == "fmt"]
+    assert " | ".join(FORMATS) in fmt.help

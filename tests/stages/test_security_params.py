@@ -55,6 +55,10 @@ REVIEWED = {
     "params.prepare.chat_template_kwargs": "variables of that sandboxed template",
     "params.evaluate.chat_template": "as generate's: transformers' sandboxed template",
     "params.evaluate.chat_template_kwargs": "variables of that sandboxed template",
+    # A name checked against the drafter registry (contracts/drafters.py DrafterType): a
+    # str so that a registered type is taken, but any other value is refused at validation.
+    "params.extract.drafter_type": "a registered drafter type",
+    "params.train.drafter.type": "a registered drafter type",
     "inputs.*.path": "a file or folder: checked against the data/model roots at submit "
                      "(app/jobs/inputs.py, 403 path_not_allowed) and again by the stage "
                      "(workers/stages/common.check_roots); tests/service/test_security.py",

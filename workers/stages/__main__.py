@@ -14,11 +14,11 @@ import traceback
 
 from pydantic import ValidationError
 
-from contracts.jobtypes import JOB_TYPES
+from contracts.jobtypes import JOB_TYPES, STREAMING_STAGES
 from contracts.spec import StageSpec
 from procgroup import watch_parent
 from workers.stages.common import StageContext, StageError, check_roots, read_spec
-from workers.stages.memory import STREAMING_STAGES, lean_allocators
+from workers.stages.memory import lean_allocators
 
 # Every job type, and `plan` (the API's dry run of a run's body, never a job).
 STAGES = (*JOB_TYPES, "plan")

@@ -30,7 +30,6 @@ from __future__ import annotations
 import ctypes
 import os
 
-STREAMING_STAGES = frozenset({"ingest", "mix", "split"})
 MMAP_THRESHOLD = 1 << 20
 # (mmap threshold, trim threshold or None for glibc's) of a stage other than the default
 STAGE_MALLOC = {"ingest": (4 << 20, 32 << 20)}

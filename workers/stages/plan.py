@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from contracts.drafters import DEFAULT_DRAFTER
 from contracts.jobtypes import JOB_TYPES
 from contracts.run import RunSpec, RunSpecError
 from contracts.target import text_value
@@ -101,7 +102,8 @@ def _layers_and_drafter(plan: Plan, chain: dict[str, dict], target: dict,
     cfg = target.get("config") or {}
     drafter = (chain.get("train") or {}).get("drafter") or {}
     try:
-        lp = resolve_layers(cfg, drafter.get("type", "dflash"), drafter.get("target_layer_ids"))
+        lp = resolve_layers(cfg, drafter.get("type", DEFAULT_DRAFTER),
+                            drafter.get("target_layer_ids"))
         plan.check("layer_ids", True, f"layers {list(lp.aux)} + last ({lp.num_target_layers}) "
                    f"exist in the target ({num_hidden_layers(cfg)} layers)")
     except StageError as e:

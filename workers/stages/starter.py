@@ -11,10 +11,11 @@ the server itself never runs a stage, so nothing one child loads or caches is se
 next. Profiles:
 - `plan` (the API's, app/plans/service.py): the plan's tokenizer and template core.
 - `model` (each worker's, workers/supervisor.py): torch, transformers and speculators, for
-  the stages that load a model (MODEL_STAGES).
+  the stages that load a model (MODEL_STAGES: contracts/jobtypes.py `model_stage`).
 - `data` (each worker's): pyarrow (and the pandas it imports on its first conversion), the
-  stage core and the streaming stages (DATA_STAGES: ingest, mix, split), with their lean
-  allocators in place before pyarrow was imported (memory.py), as a fresh stage has them. A
+  stage core and the streaming stages (DATA_STAGES: contracts/jobtypes.py `streaming`), with
+  their lean allocators in place before pyarrow was imported (memory.py), as a fresh stage
+  has them. A
   fresh `python -m workers.stages ingest` spent ~0.6 CPU-s importing, as long as ingesting
   100K short records; a scale bench ingests six files. No model library is imported here, so
   memory.py's bounds still hold for its children. prepare keeps fresh processes (its
@@ -52,6 +53,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from contracts.jobtypes import MODEL_STAGES, STREAMING_STAGES
 from procgroup import (
     TAG_ENV,
     TAG_SLOT,
@@ -63,9 +65,8 @@ from procgroup import (
     set_proc_environ,
     signal_group,
 )
-from workers.stages.memory import STREAMING_STAGES, lean_allocators
+from workers.stages.memory import lean_allocators
 
-MODEL_STAGES = frozenset({"generate", "extract", "train", "evaluate"})
 DATA_STAGES = STREAMING_STAGES
 PROFILES = {"plan": frozenset({"plan"}), "model": MODEL_STAGES, "data": DATA_STAGES}
 

@@ -98,9 +98,11 @@ def cpu_build_version() -> str | None:
     return out.stdout.strip() or None
 
 
-def check_port_free(host: str, port: int) -> None:
+def check_port_free(host: str, port: int, param: str | None = None) -> None:
     """Refuse a taken port before vLLM spends minutes loading the model only to fail binding
-    it (and, on a GPU box, after it took the GPUs' memory)."""
+    it (and, on a GPU box, after it took the GPUs' memory). `param`: the job's field that
+    chose the port (`params.vllm.port`, `params.online.port`, ...), named in the error so the
+    user knows what to change."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         # As the server binds (uvicorn sets it): connections of a stopped server left in
         # TIME_WAIT do not make the port taken.
@@ -108,10 +110,11 @@ def check_port_free(host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError as e:
+            where = param or "the job's vLLM port"
             raise StageError("backend_failed", f"cannot start vllm serve: port {port} on {host} "
-                             f"is already in use ({e.strerror}); free it or set the job's "
-                             "vLLM port to another one (or null for a free one)",
-                             {"field": "vllm.port"}) from e
+                             f"is already in use ({e.strerror}); free it or set {where} to "
+                             "another port (or null for a free one)",
+                             {"field": param} if param else None) from e
 
 
 # What an exception line of vLLM's log looks like, and the generic ones that only point at
@@ -152,13 +155,16 @@ class VllmServer:
 
     pid_path: where the server's group is recorded, so that a restarted attempt kills a
     server its killed predecessor left (`reap_stale`). gpus: CUDA_VISIBLE_DEVICES for the
-    server (None: inherited)."""
+    server (None: inherited). port_param: the job's param that chose `port`, named when the
+    port is taken."""
 
     def __init__(self, command: list[str], port: int, log_path: Path, *,
                  pid_path: Path | None = None, host: str = "127.0.0.1",
                  gpus: list[str] | None = None, env: dict[str, str] | None = None,
-                 startup_timeout_s: float = 900.0, stop_grace_s: float = 30.0):
+                 startup_timeout_s: float = 900.0, stop_grace_s: float = 30.0,
+                 port_param: str | None = None):
         self.command = list(command)
+        self.port_param = port_param
         self.host, self.port = host, port
         self.log_path = Path(log_path)
         self.pid_path = Path(pid_path) if pid_path is not None else None
@@ -209,7 +215,7 @@ class VllmServer:
 
     def start(self) -> None:
         self.reap_stale()
-        check_port_free(self.host, self.port)
+        check_port_free(self.host, self.port, self.port_param)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         print("starting vLLM:", " ".join(self.command), file=sys.stderr, flush=True)
         try:

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.drafters import DRAFTERS
 from contracts.target import layer_ids_problem, text_config
 from workers.stages.common import StageError
-
-SUPPORTED = ("dflash", "eagle3")
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,7 @@ class DrafterSpec:
     """What evaluation needs to know about a drafter checkpoint, read from its files."""
 
     path: Path
-    kind: str                       # dflash | eagle3
+    kind: str                       # a drafter type (contracts/drafters.py)
     hidden_size: int
     vocab_size: int                 # target vocabulary the drafter was built for
     draft_vocab_size: int
@@ -88,13 +87,13 @@ def read_drafter(path: Path | str) -> DrafterSpec:
     ckpt = find_checkpoint(path)
     cfg = json.loads((ckpt / "config.json").read_text())
     kind = cfg["speculators_model_type"]
-    if kind not in SUPPORTED:
+    if kind not in DRAFTERS:
         raise StageError("unsupported_drafter", f"drafter type {kind!r} at {ckpt}: evaluate "
-                         f"supports {', '.join(SUPPORTED)}")
+                         f"supports {', '.join(DRAFTERS)}")
     tl = cfg.get("transformer_layer_config") or {}
     spec_cfg = cfg.get("speculators_config") or {}
     proposals = spec_cfg.get("proposal_methods") or [{}]
-    if kind == "dflash":
+    if DRAFTERS[kind].evaluate == "dflash":  # the checkpoint layout of its proposer
         aux = cfg.get("aux_hidden_state_layer_ids")
         n_spec = int(cfg.get("block_size", 8)) - (0 if cfg.get("sample_from_anchor") else 1)
     else:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from contracts.drafters import DRAFTERS
 from workers.stages.common import StageError
 
 
@@ -201,10 +202,13 @@ class Eagle3Proposer:
         return steps[anchors - 1]
 
 
+# A drafter type's evaluate key (contracts/drafters.py `evaluate`) -> how it drafts.
+PROPOSERS: dict[str, type[DFlashProposer] | type[Eagle3Proposer]] = {
+    "dflash": DFlashProposer, "eagle3": Eagle3Proposer}
+
+
 def make_proposer(model: Any, num_spec: int | None = None) -> DFlashProposer | Eagle3Proposer:
     kind = model.config.speculators_model_type
-    if kind == "dflash":
-        return DFlashProposer(model, num_spec)
-    if kind == "eagle3":
-        return Eagle3Proposer(model, num_spec)
-    raise StageError("unsupported_drafter", f"drafter type {kind!r} is not supported")
+    if kind not in DRAFTERS or DRAFTERS[kind].evaluate not in PROPOSERS:
+        raise StageError("unsupported_drafter", f"drafter type {kind!r} is not supported")
+    return PROPOSERS[DRAFTERS[kind].evaluate](model, num_spec)

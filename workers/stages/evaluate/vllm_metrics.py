@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
 
+from contracts.drafters import DRAFTERS
 from workers.stages.common import StageError
 from workers.stages import vllm_server
 from workers.stages.vllm_server import VllmServer
 
 PREFIX = "vllm:spec_decode_"
-METHODS = {"dflash": "dflash", "eagle3": "eagle3"}
 
 
 @dataclass
@@ -93,10 +93,9 @@ def acceptance_from_counters(c: SpecCounters) -> dict:
 def serve_command(target: str, drafter: str, kind: str, num_spec: int, port: int,
                   served_name: str = "target", options: Any = None) -> list[str]:
     """`vllm serve` for the target with the drafter as its speculative model."""
-    if kind not in METHODS:
+    if kind not in DRAFTERS:
         raise StageError("unsupported_drafter", f"no vLLM method for drafter type {kind!r}")
-    spec_cfg = {"model": str(drafter), "method": METHODS[kind],
-                "num_speculative_tokens": int(num_spec)}
+    spec_cfg = {"model": str(drafter), **DRAFTERS[kind].speculative_config(num_spec)}
     return [*vllm_server.serve_command(str(target), port=port, served_name=served_name),
             "--seed", "0",
             "--speculative-config", json.dumps(spec_cfg),
@@ -166,7 +165,8 @@ def measure_with_vllm(target: str, drafter: str, kind: str, num_spec: int,
     """
     cmd = command or serve_command(target, drafter, kind, num_spec, port, "target", options)
     with VllmServer(cmd, port, Path(work_dir) / "vllm.log",
-                    startup_timeout_s=startup_timeout_s) as srv:
+                    startup_timeout_s=startup_timeout_s,
+                    port_param="params.vllm_port") as srv:  # contracts/evaluate.py
         complete(srv, "target", prompts[:1], 4, concurrency=1)  # warm-up, excluded below
         before = metrics(srv)
         t0 = time.monotonic()

@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contracts import drafters
 from contracts.target import layer_ids_problem, text_config
 from workers.stages.common import StageError
-
-DRAFTER_TYPES = ("dflash", "eagle3")
 
 
 def num_hidden_layers(config: dict[str, Any]) -> int:
@@ -36,33 +35,12 @@ def hidden_size(config: dict[str, Any]) -> int:
 
 
 def default_layer_ids(drafter_type: str, num_layers: int) -> list[int]:
-    """Aux layer ids a drafter of this type is trained on by default (the last layer is
-    always stored in addition, so it is not listed here).
-
-    eagle3: low, middle, high = [2, N//2, N-3], speculators' own default
-        (`speculators.models.utils.resolve_target_layer_ids`, scripts/launch_vllm.py).
-    dflash: five layers evenly spaced from layer 1 to N-3 in z-lab's numbering (their id j
-        is the *output* of layer j), i.e. j + 1 in ours; this is how speculators' DFlash
-        converter maps z-lab checkpoints, e.g. Qwen3-8B (N=36) -> [2, 10, 18, 26, 34].
-    Small targets where points coincide get the distinct ones only.
-    """
-    n = num_layers
-    if drafter_type == "eagle3":
-        ids = [2, n // 2, n - 3]
-    elif drafter_type == "dflash":
-        start, end, k = 1, n - 3, 5
-        span = end - start
-        ids = [int(round(start + i * span / (k - 1))) + 1 for i in range(k)]
-    else:
-        raise StageError("invalid_params", f"drafter_type must be one of {list(DRAFTER_TYPES)}, "
-                         f"got {drafter_type!r}")
-    # Tiny targets (N < 5) push the formulas out of range: clamp, then dedupe in order.
-    out: list[int] = []
-    for i in ids:
-        i = min(max(i, 1 if n > 1 else 0), n - 1)
-        if i not in out:
-            out.append(i)
-    return out
+    """The drafter type's default aux layer ids (contracts/drafters.py, where each type's rule
+    is), as the stages' `invalid_params` error for a type that is not registered."""
+    try:
+        return drafters.default_layer_ids(drafter_type, num_layers)
+    except drafters.UnknownDrafter as e:
+        raise StageError("invalid_params", f"drafter_type: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from contracts.ingest import FORMATS
 from workers.stages.ingest import messages as M
 from workers.stages.ingest.messages import NoMatch, Reject
 
@@ -341,7 +342,9 @@ NORMALIZERS: dict[str, Callable[[dict], Record | list[Record]]] = {
     "prompt": prompt,
     "oasst_flat": oasst,  # never called per row: ingest groups the rows (oasst_flat.py)
 }
-FORMATS = tuple(NORMALIZERS)
+if set(NORMALIZERS) != set(FORMATS):  # the one list is contracts/ingest.py's
+    raise TypeError(f"ingest normalizes {sorted(NORMALIZERS)}, contracts/ingest.py lists "
+                    f"{sorted(FORMATS)}")
 
 
 def detect_one(obj: dict) -> str | None:

@@ -81,7 +81,8 @@ def run(spec: dict, ctx: StageContext) -> dict:
             options=p.online)
         server = VllmServer(cmd, port, work_dir / "vllm.log", gpus=plan.vllm_gpus,
                             pid_path=work_dir / "vllm.pid",
-                            startup_timeout_s=p.online.startup_timeout_s, stop_grace_s=60.0)
+                            startup_timeout_s=p.online.startup_timeout_s, stop_grace_s=60.0,
+                            port_param="params.online.port")
     with server as srv:
         if srv is not None:
             job.vllm_endpoint = srv.endpoint

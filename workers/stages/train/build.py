@@ -11,13 +11,14 @@ import json
 import shlex
 from pathlib import Path
 
+from contracts.drafters import drafter
 from workers.stages.train.job import TrainJob
 
 # speculators' defaults for the decoder (TrainConfig): every draft layer uses sliding-window
-# attention of 2,048 unless listed as full attention; EAGLE-3 uses a llama decoder with
-# norm-before-fc and norm-output, DFlash a qwen3 decoder.
+# attention of 2,048 unless listed as full attention; the decoder architecture is the drafter
+# type's (contracts/drafters.py draft_arch: EAGLE-3 a llama decoder with norm-before-fc and
+# norm-output, DFlash a qwen3 decoder).
 SLIDING_WINDOW = 2048
-DRAFT_ARCH = {"dflash": "qwen3", "eagle3": "llama"}
 DFLASH_DECAY_GAMMA = 4.0
 DPACE_ALPHA = 0.5
 
@@ -56,12 +57,21 @@ def model_kwargs(job: TrainJob) -> dict:
         "draft_attn_impl": job.attention,
         "draft_vocab_size": job.draft_vocab_size,
     }
-    if d.type == "dflash":
-        kw.update(block_size=d.block_size, mask_token_id=job.mask_token_id)
-    else:
-        kw.update(ttt_steps=d.ttt_steps, norm_before_residual=True, norm_before_fc=True,
-                  fc_norm=False, norm_output=True, embed_requires_grad=False)
-    return kw
+    return {**kw, **RECIPES[drafter(d.type).train](job)}
+
+
+def _dflash_kwargs(job: TrainJob) -> dict:
+    return {"block_size": job.p.drafter.block_size, "mask_token_id": job.mask_token_id}
+
+
+def _eagle3_kwargs(job: TrainJob) -> dict:
+    return {"ttt_steps": job.p.drafter.ttt_steps, "norm_before_residual": True,
+            "norm_before_fc": True, "fc_norm": False, "norm_output": True,
+            "embed_requires_grad": False}
+
+
+# A drafter type's train recipe (contracts/drafters.py `train`) -> its model kwargs.
+RECIPES = {"dflash": _dflash_kwargs, "eagle3": _eagle3_kwargs}
 
 
 def build_model(job: TrainJob):
@@ -72,7 +82,7 @@ def build_model(job: TrainJob):
     d = job.p.drafter
     layer_config = create_transformer_layer_config(
         verifier_name_or_path=job.target_path, num_layers=d.num_layers,
-        draft_arch=DRAFT_ARCH[d.type], hidden_act=None, sliding_window=SLIDING_WINDOW,
+        draft_arch=drafter(d.type).draft_arch, hidden_act=None, sliding_window=SLIDING_WINDOW,
         full_attention_indices=[])
     d2t, t2d = vocab_mapping(job)
     model_class = SpeculatorModel.registry[d.type]
@@ -109,7 +119,7 @@ def trainer_kwargs(job: TrainJob, device_type: str) -> dict:
 
 def preprocess_fn(job: TrainJob):
     """Per-sample shift EAGLE-3 needs before packing (speculators' `shift_batch`)."""
-    if job.p.drafter.type != "eagle3":
+    if drafter(job.p.drafter.type).train != "eagle3":
         return None
     from speculators.models.eagle3.data import shift_batch
 
@@ -120,11 +130,11 @@ def vllm_speculative_config(drafter_dir: str | Path) -> dict:
     """vLLM's --speculative-config for a saved speculators checkpoint."""
     cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
     spec = cfg["speculators_config"]
-    method = spec["algorithm"]
     proposal = next((m for m in spec.get("proposal_methods", [])
                      if m.get("proposal_type") == spec.get("default_proposal_method")),
                     (spec.get("proposal_methods") or [{}])[0])
-    return {"method": method, "num_speculative_tokens": int(proposal["speculative_tokens"])}
+    return drafter(cfg["speculators_model_type"]).speculative_config(
+        int(proposal["speculative_tokens"]))
 
 
 def vllm_serve_command(target_path: str, drafter_path: str, spec_config: dict) -> str:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.drafters import drafter
 from contracts.target import text_config
 from contracts.train import TrainParams
 from workers.stages.common import StageError
@@ -210,8 +211,9 @@ def resolve_job(spec: dict, params: TrainParams, source: str, cuda: bool,
     attention = params.attention or ("flex" if cuda else "sdpa")
     _need(cuda or attention != "flex", "invalid_params", "attention=flex has no CPU backward "
           "pass; use sdpa or eager on CPU", field="attention")
+    # A type that takes a mask token (contracts/drafters.py options) gets one resolved.
     mask = (resolve_mask_token_id(tokenizer_path, vocab, d.mask_token_id)
-            if d.type == "dflash" else None)
+            if "mask_token_id" in drafter(d.type).options.model_fields else None)
     return TrainJob(
         params=params.model_dump(mode="json"), target_path=target_path,
         tokenizer_path=tokenizer_path, tokenized_path=tokenized_path,

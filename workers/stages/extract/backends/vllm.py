@@ -303,7 +303,8 @@ def extract(job: ExtractJob, todo: list[tuple[int, int]], progress: Progress) ->
     cmd = server_command(job, port, staging, max_len, visible_gpu_count())
     with VllmServer(cmd, port, job.work_dir / "vllm_server.log",
                     pid_path=job.work_dir / "vllm_server.pid",
-                    startup_timeout_s=vp.startup_timeout_s) as server:
+                    startup_timeout_s=vp.startup_timeout_s,
+                    port_param="params.vllm.port") as server:
         try:
             return asyncio.run(drive(job, server.base_url, SERVED_MODEL_NAME, todo, progress))
         except StageError as e:

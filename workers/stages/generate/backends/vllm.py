@@ -231,7 +231,8 @@ class VllmBackend(GenerateBackend):
         work_dir = Path(work_dir)
         self.server = VllmServer(cmd, port, work_dir / "vllm_server.log",
                                  pid_path=work_dir / "vllm_server.pid",
-                                 startup_timeout_s=params.startup_timeout_s)
+                                 startup_timeout_s=params.startup_timeout_s,
+                                 port_param="params.vllm.port")
         self.client = VllmClient(self.server.base_url, sampling, params.concurrency,
                                  params.max_attempts, params.request_timeout_s,
                                  alive=self.server.alive)
