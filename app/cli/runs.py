@@ -55,6 +55,10 @@ def print_plan(plan: dict, seconds: float | None = None, log=console.print) -> N
     print_time_estimates(plan.get("time_estimates") or {}, log)
 
 
+def gpu_hours(h: float) -> str:
+    return "0" if not h else "<0.001" if h < 0.001 else f"{h:.3f}" if h < 100 else f"{h:,.0f}"
+
+
 def duration(hours: float) -> str:
     s = hours * 3600
     return (f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else
@@ -72,12 +76,16 @@ def print_time_estimates(est: dict, log=console.print) -> None:
               if mine else "the defaults (the server's DRAFTYARD_PLAN_RATES overrides them)")
     log(f"time estimates for {rates.get('gpu') or 'the default GPU'}", markup=False)
     log(f"  rates: {source}", markup=False)
+    from rich.padding import Padding
+    from rich.text import Text
+
     for st in est["stages"]:
         gpus = f"{st['gpus']} GPU" + ("s" if st["gpus"] != 1 else "") if st["gpus"] else "CPU"
-        log(f"  {st['stage']:<9} {gpus:<7} {st['gpu_hours']:>9.3f} GPU-h  "
+        log(f"  {st['stage']:<9} {gpus:<7} {gpu_hours(st['gpu_hours']):>9} GPU-h  "
             f"{duration(st['wall_hours']):>9} wall", markup=False)
-        log(f"            {st.get('basis') or ''}", markup=False, style="dim")
-    log(f"  {'total':<17} {est.get('total_gpu_hours', 0):>9.3f} GPU-h  "
+        # what the number rests on, under it (wrapped there, not at the margin)
+        log(Padding(Text(st.get("basis") or "", style="dim"), (0, 0, 0, 12)))
+    log(f"  {'total':<17} {gpu_hours(est.get('total_gpu_hours') or 0):>9} GPU-h  "
         f"{duration(est.get('total_wall_hours') or 0):>9} wall, "
         f"{human_size(est.get('total_disk_bytes') or 0)} written", markup=False)
 
