@@ -16,12 +16,14 @@ What is pinned once, here:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.bounds import JsonObject, check_json
 from contracts.drafters import DrafterType
+from contracts.jobtypes import JOB_TYPES
 
 STAGE_ORDER = ("split", "generate", "prepare", "extract", "train", "evaluate")
 
@@ -177,3 +179,66 @@ class RunSpec(BaseModel):
                              "data": given or ("@split.held_out" if self.holds_out()
                                                else "@prepare")}, p)
         return jobs
+
+
+# ---- reference fields ----------------------------------------------------------------------
+# A run body names targets, datasets and artifacts in more than `target_id` and `dataset_id`
+# (stages.evaluate.data). Each such field takes a name or an id, resolved by one function for
+# plan and submit (app/runs/names.py); which fields they are is read from the models and the
+# expansion above, so a reference a later stage adds is resolved without a list to update.
+
+def field_value(obj: Any, path: str) -> Any:
+    """The value at `a.b.c` in a run body (models and dicts alike); None when absent."""
+    for part in path.split("."):
+        obj = getattr(obj, part, None) if isinstance(obj, BaseModel) else \
+            (obj.get(part) if isinstance(obj, dict) else None)
+    return obj
+
+
+def with_field(obj: Any, path: str, value: Any) -> Any:
+    """A copy of `obj` with `value` at `a.b.c` (models copied, dicts rebuilt)."""
+    head, _, rest = path.partition(".")
+    cur = field_value(obj, head)
+    new = with_field(cur or {}, rest, value) if rest else value
+    if isinstance(obj, BaseModel):
+        return obj.model_copy(update={head: new})
+    return {**obj, head: new}
+
+
+def _candidates() -> list[str]:
+    """Where a reference could be: every string field of the run's models, and every input
+    name of each stage's job type in that stage's params (an input given by the run)."""
+    out: list[str] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, f in model.model_fields.items():
+            if f.annotation is str:
+                out.append(prefix + name)
+            elif isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+                walk(f.annotation, f"{prefix}{name}.")
+    walk(RunSpec, "")
+    for stage in Stages.model_fields:
+        out += [f"stages.{stage}.{n}" for n in JOB_TYPES[stage].inputs.model_fields]
+    return out
+
+
+@functools.cache
+def reference_fields() -> dict[str, tuple[str, ...]]:
+    """Every field of a run body whose value becomes a job's input: `dotted.path` -> the kinds
+    it accepts (contracts/jobtypes.py), found by expanding a body with a marker in each
+    candidate field in turn and seeing which job inputs receive it."""
+    base = RunSpec(name="probe", target_id="tgt_probe", dataset_id="ds_probe",
+                   drafter=DrafterSpec(type="dflash"),
+                   stages=Stages(split={}, generate={}, extract={}, evaluate={}))
+    marker = "\x00reference"
+    found: dict[str, tuple[str, ...]] = {}
+    for path in _candidates():
+        try:
+            jobs = with_field(base, path, marker).expand()
+        except RunSpecError:
+            continue
+        kinds = {k for j in jobs for name, v in j.inputs.items() if v == marker
+                 for k in JOB_TYPES[j.stage].accepts[name]}
+        if kinds:
+            found[path] = tuple(sorted(kinds))
+    return found

@@ -208,13 +208,17 @@ class Client:
         if ref.startswith(prefix):
             return self.get(f"{path}/{ref}")
         found = [x for x in self.iter_all(path) if x.get("name") == ref]
+        mine = False
         if len(found) > 1:
             me = self.get("/v1/users/me").get("id")
-            found = [x for x in found if x.get("owner") == me] or found
+            own = [x for x in found if x.get("owner") == me]
+            mine, found = bool(own), own or found
         if len(found) == 1:
             return found[0]
+        whose = "of yours" if mine else "of other users"
         raise NotFound(404, "not_found", (
-            f"{len(found)} {what}s of other users are named {ref!r}; give the id" if found
+            f"{len(found)} {what}s {whose} are named {ref!r} "
+            f"({', '.join(x['id'] for x in found[:5])}); give the id" if found
             else f"no {what} has the id or name {ref!r}"), param="name")
 
     def delete_dataset(self, dataset_id: str) -> None:
@@ -244,7 +248,8 @@ class Client:
         return self.page("/v1/runs", limit, after)
 
     def get_run(self, run_id: str) -> Json:
-        return self.get(f"/v1/runs/{run_id}")
+        """A run by id, or by name (your own first; several of that name: give the id)."""
+        return self._by_name("/v1/runs", "run_", run_id, "run")
 
     def run_report(self, run_id: str) -> Json:
         """The report people read: verdict, tau trained vs untrained, per-position
@@ -252,6 +257,9 @@ class Client:
         return self.get(f"/v1/runs/{run_id}/report")
 
     def cancel_run(self, run_id: str) -> Json:
+        """Cancel every unfinished stage of a run (by id, or by name); the run as it is then."""
+        if not run_id.startswith("run_"):
+            run_id = self.get_run(run_id)["id"]
         return self.post(f"/v1/runs/{run_id}/cancel")
 
     def retry_run(self, run_id: str) -> Json:

@@ -14,9 +14,16 @@ from contracts.drafters import DEFAULT_DRAFTER, drafter_types
 from draftyard import ApiError, Client
 
 
+def prompt_only(dataset: dict) -> int:
+    """How many of the dataset's records have no assistant answer (ingest's `user_only`)."""
+    return int((dataset.get("stats") or {}).get("user_only") or 0)
+
+
 def starting_body(target: dict, dataset: dict, drafter: str) -> dict:
     """Every stage present with its commonest settings; what is left out takes the stage's
-    defaults (contracts/)."""
+    defaults (contracts/). A dataset with prompt-only records gets a generate stage: prepare
+    rejects a record with no answer (`needs_generate`), so without one such a run trains on
+    nothing."""
     return {
         "name": f"{dataset['name']}-{drafter}",
         "target_id": target["id"],
@@ -28,9 +35,9 @@ def starting_body(target: dict, dataset: dict, drafter: str) -> dict:
         "evaluation": "held_out",
         "seed": 0,
         "stages": {
-            # null: keep the dataset's answers; {"backend": "hf"} regenerates them with
-            # the target (the only stage that does).
-            "generate": None,
+            # null: keep the dataset's answers; {"backend": ...} has the target write them
+            # (the only stage that does), which prompt-only records need.
+            "generate": {"backend": "auto"} if prompt_only(dataset) else None,
             "prepare": {"seq_length": 2048},
             "extract": {},
             "train": {"epochs": 3},
@@ -65,4 +72,9 @@ def register(cli: typer.Typer) -> None:
         # Unwrapped: a long path broken across lines by the console could not be pasted back.
         console.print(f"wrote {out}: target {t['name']} ({t['id']}), dataset {d['name']} "
                       f"({d['id']}, {d.get('num_records')} records)", soft_wrap=True)
+        if n := prompt_only(d):
+            typer.echo(f"stages.generate is set: {n} of {d.get('num_records')} records of "
+                       f"{d['name']} are prompt-only (no assistant answer), and the target "
+                       f"writes the answers (without it prepare rejects them: needs_generate)",
+                       err=True)
         console.print(f"next: draftyard plan {out}", soft_wrap=True)

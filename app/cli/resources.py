@@ -17,7 +17,8 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-from app.cli.view import console, fail, make_table, owner_names, print_json, read_text_file
+from app.cli.view import (console, fail, human_size, make_table, owner_names, print_json,
+                          read_text_file)
 from draftyard import ApiError, Client
 
 JSON = typer.Option(False, "--json", help="the API's JSON")
@@ -44,15 +45,6 @@ def _list(fetch: Callable[[Client], list[dict]], json_out: bool, title: str,
         print_json(data)
         return
     _table(title, cols, [row(x, names) for x in data])
-
-
-def _size(n: int | None) -> str:
-    x = float(n or 0)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if x < 1024 or unit == "GiB":
-            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
-        x /= 1024
-    return ""
 
 
 def _group(cli: typer.Typer, name: str, help_: str) -> typer.Typer:
@@ -112,7 +104,7 @@ def register(cli: typer.Typer) -> None:  # one closure per command
             return
         _list(lambda c: c.list_artifacts(kind, job_id, limit)["data"], json_out, "artifacts",
               ("id", "kind", "size", "files", "producer job", "inputs"),
-              lambda a, _: [a["id"], a["kind"], _size(a["bytes"]) +
+              lambda a, _: [a["id"], a["kind"], human_size(a["bytes"]) +
                             (" (deleted)" if a.get("deleted_at") else ""), len(a["files"]),
                             a["producer_job"], ", ".join(a["inputs"])])
 
@@ -140,7 +132,7 @@ def register(cli: typer.Typer) -> None:  # one closure per command
         except ApiError as e:
             fail(e)
             return
-        console.print(f"deleted {artifact_id}: freed {_size(a['bytes_freed'])}")
+        console.print(f"deleted {artifact_id}: freed {human_size(a['bytes_freed'])}")
 
     users = _group(cli, "users", "The team: list users; admins add them.")
 

@@ -5,6 +5,7 @@
     draftyard run run.json --follow                      # submit, per-stage bars, the report
     draftyard runs [--json]
     draftyard runs show RUN_ID                           # the report people read
+    draftyard runs cancel RUN                            # by id or name
 
 `run.json` is the body of `POST /v1/runs` (API.md); `app/cli/demo.py` builds a complete one.
 """
@@ -19,7 +20,8 @@ from typing import Optional
 import typer
 
 from app.cli.report import print_report
-from app.cli.view import (TERMINAL, console, fail, follow_jobs, make_table, num, owner_names,
+from app.cli.view import (TERMINAL, console, fail, follow_jobs, human_size, make_table, num,
+                          owner_names,
                           print_error,
                           print_failures,
                           print_json, verdict_line)
@@ -51,6 +53,43 @@ def print_plan(plan: dict, seconds: float | None = None, log=console.print) -> N
         log(f"  ... and {more} more records")
     for w in plan.get("warnings") or []:
         log(f"  [yellow]warning[/yellow] {w}")
+    print_time_estimates(plan.get("time_estimates") or {}, log)
+
+
+def gpu_hours(h: float) -> str:
+    return "0" if not h else "<0.001" if h < 0.001 else f"{h:.3f}" if h < 100 else f"{h:,.0f}"
+
+
+def duration(hours: float) -> str:
+    s = hours * 3600
+    return (f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else
+            f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} days")
+
+
+def print_time_estimates(est: dict, log=console.print) -> None:
+    """The plan's time estimates (workers/stages/plan_time.py): per stage GPUs, GPU-hours and
+    wall time, what each rests on, the total, and where the rates came from."""
+    if not est.get("stages"):
+        return
+    rates = est.get("rates") or {}
+    mine = est.get("rates_from_deployment") or []
+    source = (f"this server's DRAFTYARD_PLAN_RATES ({', '.join(mine)}), the rest defaults"
+              if mine else "the defaults (the server's DRAFTYARD_PLAN_RATES overrides them)")
+    log(f"time estimates for {rates.get('gpu') or 'the default GPU'}", markup=False)
+    log(f"  rates: {source}", markup=False)
+    from rich.padding import Padding
+    from rich.text import Text
+
+    for st in est["stages"]:
+        gpus = f"{st['gpus']} GPU" + ("s" if st["gpus"] != 1 else "") if st["gpus"] else "CPU"
+        log(f"  {st['stage']:<9} {gpus:<7} {gpu_hours(st['gpu_hours']):>9} GPU-h  "
+            f"{duration(st['wall_hours']):>9} wall", markup=False)
+        # what the number rests on, under it (wrapped there, not at the margin)
+        log(Padding(Text(st.get("basis") or "", style="dim"), (0, 0, 0, 12)))
+    log(f"  {'total':<17} {gpu_hours(est.get('total_gpu_hours') or 0):>9} GPU-h  "
+        f"{duration(est.get('total_wall_hours') or 0):>9} wall, "
+        f"{human_size(est.get('total_disk_bytes') or 0)} written", markup=False)
+
 
 
 def print_run_report(c: Client, run: dict) -> None:
@@ -70,15 +109,20 @@ def print_run_report(c: Client, run: dict) -> None:
 
 def register(cli: typer.Typer) -> None:
     @cli.command()
-    def plan(file: Path = typer.Argument(..., help="a run body (JSON), as for POST /v1/runs")):
-        """Dry-run a run on a sample of its data, without GPUs: exit 1 when a check fails."""
+    def plan(file: Path = typer.Argument(..., help="a run body (JSON), as for POST /v1/runs"),
+             json_out: bool = typer.Option(False, "--json", help="the API's answer as it came")):
+        """Dry-run a run on a sample of its data, without GPUs: checks, time estimates per
+        stage (GPU-hours, wall time); exit 1 when a check fails."""
         c = Client(timeout=180)
         t = time.time()
         try:
             p = c.plan(_body(file))
         except ApiError as e:
             fail(e, 2)
-        print_plan(p, time.time() - t)
+        if json_out:
+            print_json(p)
+        else:
+            print_plan(p, time.time() - t)
         raise typer.Exit(0 if p["ok"] else 1)
 
     @cli.command()
@@ -141,6 +185,23 @@ def register(cli: typer.Typer) -> None:
                          r["name"], names.get(r["owner"], r["owner"]), r["status"], stages, tau])
         console.print(make_table("runs", ("verdict", "id", "name", "owner", "status", "stages",
                                           "tau (untrained)"), rows))
+
+    @runs_app.command("cancel")
+    def runs_cancel(run: str = typer.Argument(..., help="a run's id or name"),
+                    json_out: bool = typer.Option(False, "--json", help="the run's JSON")):
+        """Cancel every unfinished stage of a run (finished stages keep their artifacts)."""
+        try:
+            r = Client().cancel_run(run)
+        except ApiError as e:
+            fail(e)
+        if json_out:
+            return print_json(r)
+        stopping = r["status"] not in TERMINAL and any(j["status"] == "cancelling"
+                                                       for j in r["jobs"])
+        console.print(f"run {r['id']} ({r['name']}): {r['status']}" +
+                      (" (its running stage is stopping)" if stopping else ""), markup=False)
+        for j in r["jobs"]:
+            console.print(f"  {j['run_stage']:<9} {j['id']} {j['status']}", markup=False)
 
     @runs_app.command("show")
     def runs_show(run_id: str, json_out: bool = typer.Option(False, "--json",

@@ -70,6 +70,16 @@ def num(x) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) else "-"
 
 
+def human_size(n: float | None) -> str:
+    """Bytes as people read them: 512 B, 1.5 MiB."""
+    x = float(n or 0)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if x < 1024 or unit == "TiB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return ""
+
+
 def print_failures(job: dict, indent: str = "  ", log=None) -> None:
     """The records a job dropped, by id, input line, reason and message (issue 18): from its
     error's details when it stopped on its failure budget, else from its summary."""
@@ -117,23 +127,80 @@ def owner_names(client) -> dict[str, str]:
 ID_COLUMNS = frozenset({"id", "artifact"})
 
 
-def make_table(title: str, cols: tuple[str, ...], rows: list[list]) -> Table:
-    """A table whose id columns are never cut (issue 27: `job_01m8sbq…` cannot be copied):
-    they keep their full width, and the other columns wrap to fit the terminal."""
-    rows = [[("" if v is None else str(v)) for v in r] for r in rows]
-    t = Table(title=title)
-    for i, c in enumerate(cols):
-        if c in ID_COLUMNS:
-            width = max([len(c), *(len(r[i]) for r in rows)])
-            t.add_column(c, no_wrap=True, min_width=width, overflow="fold")
+class Listing:
+    """A table where it fits the terminal, else one `column: value` block per row (issue 40:
+    at 80 columns a nine-column table was folded one character per line, and lineage ids were
+    squeezed into 4-character columns). It fits when every column gets the width of its
+    longest word (an id, a path, a status) and id columns their full width: a table never
+    breaks a word, so nothing has to be pasted back together. Decided at render time, from
+    the width of the console that prints it, so every listing of the CLI gets it."""
+
+    def __init__(self, title: str, cols: tuple[str, ...], rows: list[list[str]]):
+        self.title, self.cols, self.rows = title, cols, rows
+
+    def _plain(self, cell: str) -> str:
+        from rich.text import Text
+
+        return Text.from_markup(cell).plain
+
+    def min_width(self) -> int:
+        """The narrowest table that breaks no word: columns at their longest word (ids
+        whole), one space of padding each side and a border between and around."""
+        need = 0
+        for i, c in enumerate(self.cols):
+            cells = [self._plain(r[i]) for r in self.rows]
+            if c in ID_COLUMNS:
+                widest = max([len(c), *(len(x) for x in cells)])
+            else:
+                widest = max([len(w) for w in c.split()] +
+                             [len(w) for x in cells for w in x.split()])
+            need += widest + 3
+        return need + 1
+
+    def table(self) -> Table:
+        t = Table(title=self.title)
+        for c in self.cols:
+            # the table is shown only where no word needs breaking (min_width)
+            t.add_column(c, no_wrap=c in ID_COLUMNS, overflow="fold")
+        for r in self.rows:
+            t.add_row(*r)
+        return t
+
+    def blocks(self, width: int) -> list:
+        """The rows as lists: `column: value` lines, the values aligned; a value too long
+        for the rest of the line goes whole on the next line, indented (an id or a path is
+        never broken to fit beside its name)."""
+        from rich.text import Text
+
+        pad = max(len(c) for c in self.cols) + 2
+        out: list = [Text(self.title, style="italic")]
+        for r in self.rows:
+            out.append(Text(""))
+            for c, v in zip(self.cols, r):
+                if v == "":
+                    continue
+                value = Text.from_markup(v)
+                key = Text(f"{c}:".ljust(pad), style="bold")
+                if pad + value.cell_len <= width or " " in value.plain:
+                    out.append(key + value)
+                else:
+                    out += [Text(f"{c}:", style="bold"), Text("  ") + value]
+        return out
+
+    def __rich_console__(self, console, options):
+        if self.min_width() <= options.max_width:
+            yield self.table()
         else:
-            t.add_column(c, overflow="fold")
-    for r in rows:
-        t.add_row(*r)
-    return t
+            yield from self.blocks(options.max_width)
 
 
-def jobs_table(jobs: list[dict], title: str = "jobs", names: dict | None = None) -> Table:
+def make_table(title: str, cols: tuple[str, ...], rows: list[list]) -> Listing:
+    """A listing whose ids are never cut (issue 27: `job_01m8sbq…` cannot be copied) and whose
+    words are never broken: a table where it fits, else `column: value` blocks (Listing)."""
+    return Listing(title, cols, [[("" if v is None else str(v)) for v in r] for r in rows])
+
+
+def jobs_table(jobs: list[dict], title: str = "jobs", names: dict | None = None) -> Listing:
     rows = []
     for j in jobs:
         p = j.get("progress") or {}

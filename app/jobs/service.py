@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from app.core.auth import Principal
 from app.core.config import get_settings
 from app.core.db import rowcount, utcnow
-from app.core.errors import Conflict, Forbidden, Invalid, NotFound
+from app.core.errors import ApiError, Conflict, Forbidden, Invalid, NotFound
 from app.core.ids import new_id
 from app.core.pagination import Page, paginate
 from app.core.paths import resolve_inside
@@ -146,6 +146,18 @@ def _ref_exists(session: Session, ref: Any, name: str, kinds: tuple[str, ...]) -
         raise Invalid(f"inputs.{name}: {ref} does not exist", param=f"inputs.{name}",
                       code="unknown_input")
     return None
+
+
+def check_reference(session: Session, ref: Any, param: str, kinds: tuple[str, ...]) -> None:
+    """One reference checked as a job's input is at submit (it exists, is of a kind in
+    `kinds`, did not fail or get deleted), the error naming `param` as the caller spells the
+    field (a run body's `stages.evaluate.data`): a plan checks with it what submit will."""
+    try:
+        _ref_exists(session, ref, param, kinds)
+    except ApiError as e:
+        e.message, e.param = e.message.removeprefix("inputs."), param
+        e.args = (e.message,)
+        raise
 
 
 def _not_deleted(session: Session, ref: Any, name: str, kinds: tuple[str, ...]) -> None:

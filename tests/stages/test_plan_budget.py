@@ -57,3 +57,22 @@ def test_plan_warns_when_unrenderable_records_exceed_generates_budget(tiny_targe
     # Without generate, prepare meets them first, with its own budget (0.5 by default).
     plan = _plan(tmp_path / "c", tiny_target, templates_dir, _records(4, {0, 1, 2}), {})
     assert any("more than prepare's max_reject_share=0.5" in w for w in plan["warnings"])
+
+
+def test_prompt_only_records_are_told_to_add_a_generate_stage(tiny_target, templates_dir,
+                                                              tmp_path):
+    # Every record prompt-only, no generate stage: prepare would reject them all
+    # (needs_generate); no budget makes them trainable, so the advice is the stage to add.
+    prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"count to {i}"}]}
+               for i in range(6)]
+    plan = _plan(tmp_path / "a", tiny_target, templates_dir, prompts, {})
+    check = next(c for c in plan["checks"] if c["name"] == "records_render")
+    assert not check["ok"] and "needs_generate x6" in check["message"], check
+    assert "add stages.generate" in check["message"], check
+    warn = [w for w in plan["warnings"] if "cannot be rendered" in w]
+    assert len(warn) == 1 and "add stages.generate" in warn[0], plan["warnings"]
+    assert "raise stages.prepare.max_reject_share" not in warn[0], warn
+    # With the stage the same records plan clean.
+    plan = _plan(tmp_path / "b", tiny_target, templates_dir, prompts,
+                 {"generate": {"backend": "hf"}})
+    assert next(c for c in plan["checks"] if c["name"] == "records_render")["ok"], plan

@@ -167,13 +167,15 @@ def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, di
                                       "reason": reason})
         ctx.progress(n, sample, "records", stage="plan")
     bad = len(plan.failures) and sum(reasons.values())
+    fix = _fix(reasons, regen)
     plan.check("records_render", bad == 0,
                f"all {n} sampled records render and mask" if not bad else
                f"{bad} of {n} sampled records fail: " +
-               "; ".join(f"{k} x{v}" for k, v in reasons.most_common(5)),
+               "; ".join(f"{k} x{v}" for k, v in reasons.most_common(5)) +
+               (f" ({fix})" if fix else ""),
                failed=int(bad), sampled=n)
     if bad:
-        _budget_warning(plan, parsed, int(bad), n)
+        _budget_warning(plan, parsed, int(bad), n, fix)
     if lengths:
         arr = np.asarray(lengths)
         pct = {f"p{q}": int(np.percentile(arr, q)) for q in (50, 90, 99)} | {"max": int(arr.max())}
@@ -188,10 +190,20 @@ def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, di
     return lengths
 
 
-def _budget_warning(plan: Plan, parsed: dict, bad: int, n: int) -> None:
+def _fix(reasons: Counter[str], regen: bool) -> str | None:
+    """The field to add when records fail for want of an answer: a prompt-only record
+    (needs_generate) is answered by the generate stage, and no budget makes it trainable."""
+    if reasons.get("needs_generate") and not regen:
+        return ("needs_generate: these records have no assistant answer; add stages.generate, "
+                "e.g. {\"backend\": \"auto\"}, and the target writes them")
+    return None
+
+
+def _budget_warning(plan: Plan, parsed: dict, bad: int, n: int, fix: str | None) -> None:
     """Warn when the share of sampled records that fail would exceed the failure budget of
     the first stage that meets them: `force_plan` would otherwise start a run that stops
-    there (issue 18)."""
+    there (issue 18). The advice is `fix` where there is one (a missing stage), else the
+    budget."""
     for stage, field in (("generate", "max_failure_share"), ("prepare", "max_reject_share")):
         if stage not in parsed:
             continue
@@ -199,8 +211,8 @@ def _budget_warning(plan: Plan, parsed: dict, bad: int, n: int) -> None:
         if bad / n > budget:
             plan.warnings.append(
                 f"{bad} of {n} sampled records ({bad / n:.0%}) cannot be rendered, more than "
-                f"{stage}'s {field}={budget}: the run would stop in {stage} (fix or drop "
-                f"these records, or raise stages.{stage}.{field})")
+                f"{stage}'s {field}={budget}: the run would stop in {stage} (" +
+                (fix or f"fix or drop these records, or raise stages.{stage}.{field}") + ")")
         return  # later stages never see the records the first one dropped
 
 
