@@ -6,7 +6,7 @@
     draftyard runs [--json]
     draftyard runs show RUN_ID                           # the report people read
 
-`run.json` is the body of `POST /v1/runs` (API.md); `app/cli/demo.py` builds a complete one.
+`run.json` is the body of `POST /v1/runs` (docs/API.md); `app/cli/demo.py` builds a complete one.
 """
 
 from __future__ import annotations

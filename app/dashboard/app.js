@@ -1,5 +1,5 @@
 "use strict";
-// One page over the HTTP API (API.md), refreshed every 2 s. The token stays in this browser.
+// One page over the HTTP API (docs/API.md), refreshed every 2 s. The token stays in this browser.
 const VIEWS = ["runs", "jobs", "queue", "nodes", "datasets"];
 let view = location.hash.slice(1).split("/")[0] || "runs";
 let token = localStorage.getItem("draftyard_token") || "";

@@ -1,4 +1,4 @@
-"""Job resource schemas (API.md "Jobs")."""
+"""Job resource schemas (docs/API.md "Jobs")."""
 
 from __future__ import annotations
 

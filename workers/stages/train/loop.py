@@ -1,5 +1,5 @@
 """The training loop, driven here rather than by speculators' `Trainer` (which assumes a GPU:
-`.to(0)`, `torch.accelerator.synchronize()`, FIELD-NOTES), around its model classes, losses,
+`.to(0)`, `torch.accelerator.synchronize()`, docs/FIELD-NOTES.md), around its model classes, losses,
 optimizers, data pipeline and checkpoint format. One code path for CPU, one GPU, and torchrun
 DDP/FSDP ranks.
 
@@ -91,7 +91,7 @@ class Run:
         self.cuda = device.type == "cuda"
         # CUDA: fp32 master weights under bf16 autocast with bf16 hidden states (as
         # speculators' trainer); CPU: float32 throughout (bf16 hidden states hit a dtype
-        # mismatch in the matmul, FIELD-NOTES).
+        # mismatch in the matmul, docs/FIELD-NOTES.md).
         self.hs_dtype = torch.bfloat16 if self.cuda else torch.float32
         self.step_times: list[float] = []
 
