@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +183,7 @@ class Evaluation:
         return report
 
     # -- progress -----------------------------------------------------------------------
-    def _plan_phases(self, measures: set[str], rows: list[Row] | None, baseline: bool) -> None:
+    def _plan_phases(self, measures: Collection[str], rows: list[Row] | None, baseline: bool) -> None:
         """The phases `measure` goes through, in order. Each restarts the progress bar, so
         each report names its phase and its place ("evaluate: with the drafter (3/5)")."""
         plan = [("reference answers", "specdec" in measures or rows is None),
