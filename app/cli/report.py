@@ -61,7 +61,9 @@ def eval_data(d: dict) -> str:
     ds = d.get("dataset")
     if ds:
         return f"{ds.get('name')} ({ds.get('id')}, artifact {d.get('artifact_id')})"
-    return f"artifact {d.get('artifact_id')} ({d.get('kind')})"
+    made = d.get("made_from")
+    return f"artifact {d.get('artifact_id')} ({d.get('kind')})" + (
+        f", made from {made.get('name')} ({made.get('id')})" if made else "")
 
 
 def stage_how(s: dict) -> str:

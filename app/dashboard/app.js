@@ -147,7 +147,8 @@ const RENDER = {
         <div id="evaluated-on"><div class="lab">evaluated on</div><div>${esc(ev.evaluated_on || "not stated")}</div></div>
         ${ev.data ? `<div id="eval-data"><div class="lab">evaluation data</div><div>${ev.data.dataset
           ? `<b>${esc(ev.data.dataset.name)}</b> <span class="mono muted">${esc(ev.data.dataset.id)}, ${esc(ev.data.artifact_id)}</span>`
-          : `<span class="mono">${esc(ev.data.artifact_id)}</span> <span class="muted">(${esc(ev.data.kind)})</span>`}</div></div>` : ""}
+          : `<span class="mono">${esc(ev.data.artifact_id)}</span> <span class="muted">(${esc(ev.data.kind)})</span>${ev.data.made_from
+            ? ` made from <b>${esc(ev.data.made_from.name)}</b> <span class="mono muted">${esc(ev.data.made_from.id)}</span>` : ""}`}</div></div>` : ""}
         <div class="muted" style="font-size:12px">tau = tokens accepted per target forward pass (greedy speculative decoding; 1.00 = no speedup)</div></div>`;
     // tau per source dataset when the evaluation set mixes them (code vs chat differ a lot)
     const bySource = ev.by_source ? `<div class="card"><b>tau by source</b> <span class="muted">the evaluation set mixes datasets</span>

@@ -58,9 +58,14 @@ def _eval_data(session: Session, ev_art: Artifact | None) -> dict | None:
         Artifact.id.in_(ev_art.inputs or []))) if a.kind in ("dataset", "tokenized")]
     if not ins:
         return None
-    ds = session.scalars(select(Dataset).where(Dataset.artifact_id == ins[0].id)).first()
-    return {"artifact_id": ins[0].id, "kind": ins[0].kind,
-            "dataset": {"id": ds.id, "name": ds.name} if ds is not None else None}
+    def dataset_of(ids: list[str]) -> dict | None:
+        ds = session.scalars(select(Dataset).where(Dataset.artifact_id.in_(ids))).first()
+        return {"id": ds.id, "name": ds.name} if ds is not None else None
+
+    # A part of a dataset (the split's held-out records, a prepare's rows of it) is named by
+    # the dataset it was made from.
+    return {"artifact_id": ins[0].id, "kind": ins[0].kind, "dataset": dataset_of([ins[0].id]),
+            "made_from": dataset_of(list(ins[0].inputs or []))}
 
 
 def _per_position(rep: dict) -> dict[str, list[float]]:

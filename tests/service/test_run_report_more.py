@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO
-from tests.service.browser import shoot
+from tests.service.browser import ARTIFACTS, shoot
 from tests.service.test_cli import cli
 
 pytestmark = pytest.mark.xdist_group("reported_run")
@@ -38,7 +38,7 @@ def reused_run(api, reported_run) -> dict:
         print(f"{name}: {time.monotonic() - t0:.1f} s")
         runs.append(run)
     return {"first": c.get_run(reported_run["run"]["id"]), "second": runs[0], "run": runs[1],
-            "client": c}
+            "client": c, "dataset": reported_run["dataset"]}
 
 
 def _did(run: dict) -> dict[str, str]:
@@ -61,6 +61,9 @@ def test_a_reused_run_reads_as_reused_with_the_work_of_the_first(reused_run):
     assert rep["per_position"] == rep0["per_position"] and rep["per_position"]["trained"]
     assert rep["evaluation"]["tau"] == rep0["evaluation"]["tau"]
     assert rep["evaluation"]["data"] == rep0["evaluation"]["data"] is not None
+    # The shared run evaluates on its split's held-out part: named by the dataset it came from.
+    ds = reused_run["dataset"]
+    assert rep["evaluation"]["data"]["made_from"] == {"id": ds["id"], "name": ds["name"]}
     assert rep["drafter"] == rep0["drafter"] is not None
     assert rep["curves"]["series"] == rep0["curves"]["series"] and rep["curves"]["series"]
     assert [(a["id"], a["stage"]) for a in rep["lineage"]] == \
@@ -75,6 +78,8 @@ def test_runs_show_names_the_reused_jobs(api, reported_run, reused_run):
     stage_lines = [ln for ln in r.stdout.splitlines() if ln.startswith("  ") and " job_" in ln
                    and ln.split()[0] in ("split", "prepare", "extract", "train", "evaluate")]
     did = _did(first)
+    (ARTIFACTS / "run-report").mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "run-report" / "runs-show-reused.txt").write_text(r.stdout)
     assert len(stage_lines) == 5, r.stdout
     for ln in stage_lines:
         assert f"reused from {did[ln.split()[0]]}" in ln and "attempt" not in ln, ln
@@ -224,7 +229,7 @@ def test_report_names_the_dataset_and_splits_tau_by_source(db, user, tmp_path):
 
     ev = build_report(db, run)["evaluation"]
     assert ev["data"] == {"artifact_id": data.id, "kind": "dataset",
-                          "dataset": {"id": ds.id, "name": "eval-mixed48"}}
+                          "dataset": {"id": ds.id, "name": "eval-mixed48"}, "made_from": None}
     assert ev["by_source"] == by
     from rich.console import Console
 
