@@ -2,7 +2,7 @@
 
 Called by the app factory (`app.main.create_app`) and by the worker (`workers.celery_app`),
 so that every process which changes a job's status runs the same consequences. The domains
-never import each other for this: jobs announce, the rest subscribe (STYLE.md 14)."""
+never import each other for this: jobs announce, the rest subscribe (docs/STYLE.md 14)."""
 
 from __future__ import annotations
 

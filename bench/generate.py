@@ -19,7 +19,7 @@ tokens/s = generated tokens / wall time of each, model loading included in both
            ("generation": the backend itself, without loading, rendering and writing).
 The last line is the JSON result, one object per measure: ratio = stage tokens/s /
 baseline tokens/s (target >= 0.8 for both).
-Run it alone (FIELD-NOTES: torch slows many-fold when another process competes for cores).
+Run it alone (docs/FIELD-NOTES.md: torch slows many-fold when another process competes for cores).
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def build_inputs(base: Path, rows: int) -> tuple[Path, Path, Path]:
 
 
 def drafter_params(kind: str) -> dict:
-    if kind == "dflash":  # FIELD-NOTES demo settings
+    if kind == "dflash":  # docs/FIELD-NOTES.md demo settings
         return {"type": "dflash", "num_layers": 1, "block_size": 8, "num_anchors": 128,
                 "draft_vocab_size": 2048, "mask_token_id": 151643}
     return {"type": "eagle3", "num_layers": 1, "ttt_steps": 4, "draft_vocab_size": 2048}

@@ -23,7 +23,7 @@ DEFAULT_MEASURES: tuple[Measure, ...] = ("tau_sim", "specdec")
 class EvalParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # FIELD-NOTES demo: 32 held-out prompts x 96 new tokens separate trained from untrained.
+    # docs/FIELD-NOTES.md demo: 32 held-out prompts x 96 new tokens separate trained from untrained.
     num_prompts: int = Field(32, ge=1, le=100_000)
     max_new_tokens: int = Field(96, ge=1, le=32_768)
     # Verify block = drafted tokens + 1; None = as the drafter was trained.

@@ -8,7 +8,7 @@ and on offline runs without an extract stage).
 
 What is pinned once, here:
 - the chat-template kwargs (thinking mode): the run's, overlaid by a stage's own, given to
-  generate, prepare and evaluate (FIELD-NOTES: a thinking-mode mismatch collapses acceptance);
+  generate, prepare and evaluate (docs/FIELD-NOTES.md: a thinking-mode mismatch collapses acceptance);
 - the target layer ids: `stages.extract.layer_ids` or `drafter.target_layer_ids` (two
   spellings of one choice; they must agree), given to extract and to train's drafter;
 - the drafter type and draft vocabulary, given to extract and prepare.

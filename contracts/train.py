@@ -1,7 +1,7 @@
 """Typed, validated params of the `train` stage.
 
 Defaults follow speculators 0.9's own recipe where it has one (`speculators train`'s
-`TrainConfig`), and FIELD-NOTES.md where CPU needs something else. The API validates
+`TrainConfig`), and docs/FIELD-NOTES.md where CPU needs something else. The API validates
 a submitted job with these models (a 422 naming the field); the stage validates again.
 """
 
@@ -29,7 +29,7 @@ class _Strict(BaseModel):
 
 class DrafterParams(_Strict):
     type: DrafterType
-    # One layer: the FIELD-NOTES demo setting; speculators' DFlash recipe uses 5 on GPUs.
+    # One layer: the docs/FIELD-NOTES.md demo setting; speculators' DFlash recipe uses 5 on GPUs.
     num_layers: int = Field(1, ge=1, le=64)
     # A type's own options (contracts/drafters.py, with their meaning and defaults); None:
     # the type's default. Given to a type that does not take it: refused.
@@ -41,7 +41,7 @@ class DrafterParams(_Strict):
     # extract stage's default for this drafter type (online).
     target_layer_ids: list[int] | None = None
     # Draft vocabulary (d2t/t2d from the prepare stage's token_freq.pt); None = the full
-    # target vocabulary. 2,048 keeps a CPU step cheap (FIELD-NOTES: 151k vocab is 50x slower).
+    # target vocabulary. 2,048 keeps a CPU step cheap (docs/FIELD-NOTES.md: 151k vocab is 50x slower).
     draft_vocab_size: int | None = Field(2048, ge=16)
 
     @model_validator(mode="after")
@@ -88,7 +88,7 @@ class TrainParams(_Strict):
     mode: Literal["offline", "online"] = "offline"
     drafter: DrafterParams
     seq_length: int = Field(1024, ge=32, le=1 << 20)   # packed tokens per step and rank
-    lr: float = Field(1e-2, gt=0, le=10)                # FIELD-NOTES demo value (Muon)
+    lr: float = Field(1e-2, gt=0, le=10)                # docs/FIELD-NOTES.md demo value (Muon)
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     warmup_steps: int = Field(0, ge=0)
     epochs: int = Field(1, ge=1, le=10000)

@@ -1,4 +1,4 @@
-"""The Python client of the draftyard HTTP API (API.md), the one HTTP client in the tree: the
+"""The Python client of the draftyard HTTP API (docs/API.md), the one HTTP client in the tree: the
 CLI is built on it. Only httpx; no torch, no server code, so a notebook can import it.
 
     from draftyard import Client, NotFound
@@ -9,7 +9,7 @@ CLI is built on it. Only httpx; no torch, no server code, so a notebook can impo
     run = c.wait_run(run["id"])
     c.pull_artifact(run["jobs"][-2]["outputs"][0], "drafter/")
 
-Answers are the API's JSON objects (dicts) as API.md documents them; errors are the typed
+Answers are the API's JSON objects (dicts) as docs/API.md documents them; errors are the typed
 exceptions of `draftyard.errors`, carrying the API's error object.
 """
 

@@ -1,4 +1,4 @@
-"""Typed exceptions for the API's error object (API.md "Conventions"):
+"""Typed exceptions for the API's error object (docs/API.md "Conventions"):
 `{"error": {"code", "message", "param", "details"}}`, one class per HTTP status so that callers
 can `except NotFound` instead of comparing numbers."""
 

@@ -1,4 +1,4 @@
-"""ARCHITECTURE.md's dependency direction, checked on the sources and on a real import:
+"""docs/ARCHITECTURE.md's dependency direction, checked on the sources and on a real import:
 
 - app/ (control plane) never imports torch, transformers or workers/;
 - workers/stages/ (pipeline core) imports nothing from app/, SQLAlchemy, Celery or the HTTP

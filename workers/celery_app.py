@@ -1,6 +1,6 @@
 """The Celery worker entry: `celery -A workers.celery_app worker` (or `draftyard worker`).
 
-Tasks are thin: they take ids and delegate to workers.runner (ARCHITECTURE.md, STYLE.md 4)."""
+Tasks are thin: they take ids and delegate to workers.runner (docs/ARCHITECTURE.md, docs/STYLE.md 4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Artifact response schemas (API.md "Artifacts")."""
+"""Artifact response schemas (docs/API.md "Artifacts")."""
 
 from __future__ import annotations
 

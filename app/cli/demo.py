@@ -29,7 +29,7 @@ from procgroup import spawn
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "demo" / "data"
 
-# FIELD-NOTES "The whole pipeline fits a laptop demo": the settings that gave tau 5.2.
+# docs/FIELD-NOTES.md "The whole pipeline fits a laptop demo": the settings that gave tau 5.2.
 FULL: dict[str, Any] = dict(target_steps=600, per_source=None, max_tokens=96, epochs=12, eval_prompts=32,
             max_steps=None)
 # --quick (the test suite's variant): every stage runs, each as briefly as still says something.
@@ -87,7 +87,7 @@ def run_pipeline(c: Client, target_dir: Path, cfg: dict, log=console.print) -> d
     log(f"mixed {mix['num_records']} training records; {held['num_records']} held-out prompts")
     body = {
         "name": "demo-dflash", "target_id": tgt["id"], "dataset_id": mix["id"],
-        # FIELD-NOTES' demo drafter: aux layers 1, 4, 7 of the 8. The DFlash default for this
+        # docs/FIELD-NOTES.md's demo drafter: aux layers 1, 4, 7 of the 8. The DFlash default for this
         # depth (z-lab's spacing, 2-6) leaves out the deepest layer: tau 2.43 instead of 3.97
         # on the same data (measured with make demo).
         "drafter": {"type": "dflash", "num_layers": 1, "block_size": 8, "draft_vocab_size": 2048,

@@ -56,6 +56,24 @@ def bar_rows(rates: dict[str, list[float]], width: int = 40) -> list[str]:
     return out
 
 
+def eval_data(d: dict) -> str:
+    """The evaluation data by its dataset's name when it is one (with the ids)."""
+    ds = d.get("dataset")
+    if ds:
+        return f"{ds.get('name')} ({ds.get('id')}, artifact {d.get('artifact_id')})"
+    made = d.get("made_from")
+    return f"artifact {d.get('artifact_id')} ({d.get('kind')})" + (
+        f", made from {made.get('name')} ({made.get('id')})" if made else "")
+
+
+def stage_how(s: dict) -> str:
+    """How a stage got its outputs: by an attempt of its own, or reused from an earlier job
+    that did the same work (app/scheduler/service.py _reuse)."""
+    if s.get("reused_from"):
+        return f"reused from {s['reused_from']}"
+    return f"attempt {s['attempt']}"
+
+
 def print_report(rep: dict, log=console.print) -> None:
     run, ev = rep["run"], rep.get("evaluation") or {}
     verdict = ev.get("verdict")
@@ -74,6 +92,13 @@ def print_report(rep: dict, log=console.print) -> None:
                if ev.get("tau_sim") is not None else ""))
     if ev.get("evaluated_on"):
         log(f"evaluated on: {ev['evaluated_on']}")
+    if ev.get("data"):
+        log(f"evaluation data: {eval_data(ev['data'])}")
+    if ev.get("by_source"):
+        log(make_table("tau by source (the evaluation set mixes datasets)",
+                       ("source", "prompts", "tau trained", "tau untrained"),
+                       [[name, str(s.get("prompts")), num(s.get("tau")),
+                         num(s.get("tau_baseline"))] for name, s in ev["by_source"].items()]))
     for k in ("oov_share", "oov_reference_share"):
         if ev.get(k) is not None:
             log(f"reference tokens outside the draft vocabulary: {100 * ev[k]:.1f}%")
@@ -81,7 +106,7 @@ def print_report(rep: dict, log=console.print) -> None:
         f"data {rep['dataset'].get('name') or '-'} ({rep['dataset'].get('id')})")
     for s in rep["stages"]:
         err = f"  {s['error'].get('code')}: {s['error'].get('message')}" if s.get("error") else ""
-        log(f"  {s['stage']:<9} {s['job_id']} {s['status']:<10} attempt {s['attempt']}{err}")
+        log(f"  {s['stage']:<9} {s['job_id']} {s['status']:<10} {stage_how(s)}{err}")
     if rep.get("per_position"):
         log("\n[bold]acceptance per draft position[/bold] (greedy speculative decoding)")
         for line in bar_rows(rep["per_position"]):

@@ -7,7 +7,7 @@
     draftyard runs show RUN_ID                           # the report people read
     draftyard runs cancel RUN                            # by id or name
 
-`run.json` is the body of `POST /v1/runs` (API.md); `app/cli/demo.py` builds a complete one.
+`run.json` is the body of `POST /v1/runs` (docs/API.md); `app/cli/demo.py` builds a complete one.
 """
 
 from __future__ import annotations

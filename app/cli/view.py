@@ -6,7 +6,7 @@ import json
 import time
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
 from draftyard import NotFound
@@ -215,25 +215,43 @@ def jobs_table(jobs: list[dict], title: str = "jobs", names: dict | None = None)
                               "reason / error"), rows)
 
 
+def duration(seconds: float) -> str:
+    s = round(seconds)
+    return (f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600
+            else f"{s // 3600}h{s % 3600 // 60:02d}m")
+
+
+def progress_info(status: str, p: dict) -> str:
+    """What a job's progress bar says beside the bar, from the job's `progress` (the same
+    fields the dashboard shows, app/dashboard/app.js `progress`): the phase and its place
+    when the stage has phases, done/total, the rate (a slow one as seconds per unit: a
+    one-minute train step reads "60 s each", not "0.0/s") and the ETA."""
+    parts = [status]
+    if p.get("phase"):
+        parts.append(f"{p['phase']} ({p.get('phase_index')}/{p.get('phases')})")
+    if p.get("unit"):
+        parts.append(f"{p.get('done', 0):g}/{p.get('total') or '?'} {p['unit']}")
+    rate = p.get("rate")
+    if rate:
+        parts.append(f"{rate:.1f}/s" if rate >= 0.1 else f"{1 / rate:.0f} s each")
+    if p.get("eta_s") is not None and status == "running":
+        parts.append(f"ETA {duration(p['eta_s'])}")
+    return " ".join(parts)
+
+
 def follow_jobs(client, job_ids: list[str], labels: dict[str, str] | None = None,
                 poll: float = 0.5) -> list[dict]:
     """Live progress bars for jobs until all are finished; returns their final objects."""
     labels = labels or {}
     with Progress(TextColumn("{task.description:<28}"), BarColumn(), TaskProgressColumn(),
-                  TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
-                  console=console, transient=False) as prog:
+                  TextColumn("{task.fields[info]}"), console=console, transient=False) as prog:
         tasks = {j: prog.add_task(labels.get(j, j), total=None, info="") for j in job_ids}
         while True:
             jobs = [client.get_job(j) for j in job_ids]
             for job in jobs:
                 p = job.get("progress") or {}
                 total = p.get("total")
-                rate = p.get("rate")
-                info = job["status"]
-                if p.get("unit"):
-                    info += f" {p.get('done', 0):g}/{total or '?'} {p['unit']}"
-                if rate:
-                    info += f" {rate:.1f}/s"
+                info = progress_info(job["status"], p)
                 if job["status"] == "succeeded" and not total:
                     total, p = 1, {"done": 1}
                 prog.update(tasks[job["id"]], total=total, completed=p.get("done") or 0, info=info)

@@ -1,4 +1,4 @@
-"""Queue and cluster response schemas (API.md "Queue and cluster")."""
+"""Queue and cluster response schemas (docs/API.md "Queue and cluster")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Settings from the environment (`DRAFTYARD_` prefix; names in API.md "Running it")."""
+"""Settings from the environment (`DRAFTYARD_` prefix; names in docs/API.md "Running it")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Domain errors that carry their HTTP status, and the one handler that renders them as
-`{"error": {"code", "message", "param", "details"}}` (API.md "Conventions")."""
+`{"error": {"code", "message", "param", "details"}}` (docs/API.md "Conventions")."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ class ErrorDetail(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """The error object every 4xx/5xx carries (API.md "Conventions")."""
+    """The error object every 4xx/5xx carries (docs/API.md "Conventions")."""
     error: ErrorDetail
 
 

@@ -2,7 +2,7 @@
 does not fit the model it declares is an error here, not a surprise for a client.
 
 Built and checked by pydantic, rendered by the API's one JSON encoder (SafeJSONResponse:
-orjson, which writes a datetime as `...+00:00` as API.md always has, and falls back for stored
+orjson, which writes a datetime as `...+00:00` as docs/API.md always has, and falls back for stored
 values orjson refuses). Rendering takes the validated values as they are (`plain`), not
 pydantic's serializer: a free-form field (inputs, params, metrics) is passed through whole,
 however deep, and a model writes exactly the keys that were set (a stage's progress keeps

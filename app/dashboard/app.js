@@ -1,5 +1,5 @@
 "use strict";
-// One page over the HTTP API (API.md), refreshed every 2 s. The token stays in this browser.
+// One page over the HTTP API (docs/API.md), refreshed every 2 s. The token stays in this browser.
 const VIEWS = ["runs", "jobs", "queue", "nodes", "datasets"];
 let view = location.hash.slice(1).split("/")[0] || "runs";
 let token = localStorage.getItem("draftyard_token") || "";
@@ -19,13 +19,17 @@ function dur(s) {
   return s < 60 ? `${s}s` : s < 3600 ? `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s`
        : `${Math.floor(s / 3600)}h${String(Math.floor(s % 3600 / 60)).padStart(2, "0")}m`;
 }
-// progress {stage, done, total, unit, rate, eta_s} -> bar + "done/total unit, rate/s, ETA"
+// progress {stage, done, total, unit, rate, eta_s} -> bar + "done/total unit, rate/s, ETA";
+// `stage` names a phase's place when the stage has phases ("evaluate: with the drafter (3/6)"),
+// and a slow rate reads as seconds each (a one-minute train step), as the CLI's bars do
+// (app/cli/view.py progress_info).
 function progress(p, status) {
   if (!p || p.total == null && p.done == null) return status === "succeeded" ? `<div class="bar"><i style="width:100%;background:var(--ok)"></i></div>` : "";
   const pct = p.total ? Math.min(100, 100 * p.done / p.total) : 0;
   const color = status === "succeeded" ? "var(--ok)" : status === "failed" ? "var(--bad)" : "var(--run)";
   const parts = [`${p.done ?? 0}${p.total ? "/" + p.total : ""} ${esc(p.unit || "")}`];
-  if (p.rate) parts.push(`${p.rate >= 10 ? p.rate.toFixed(0) : p.rate.toPrecision(2)} ${esc(p.unit || "")}/s`);
+  if (p.rate) parts.push(p.rate < 0.1 ? `${Math.round(1 / p.rate)} s each`
+    : `${p.rate >= 10 ? p.rate.toFixed(0) : p.rate.toPrecision(2)} ${esc(p.unit || "")}/s`);
   if (p.eta_s != null && status === "running") parts.push(`ETA ${dur(p.eta_s)}`);
   return `<div class="bar" title="${pct.toFixed(1)}%"><i style="width:${pct}%;background:${color}"></i></div>
           <div class="prog">${p.stage ? esc(p.stage) + ": " : ""}${parts.join(" · ")}</div>`;
@@ -141,7 +145,16 @@ const RENDER = {
         ${ev.tau_sim != null ? `<div><div class="lab">simulated (teacher-forced)</div><div>${f2(ev.tau_sim)} vs ${f2(ev.tau_sim_baseline)}</div></div>` : ""}
         ${oov != null ? `<div><div class="lab">reference tokens outside the draft vocabulary</div><div>${(100 * oov).toFixed(1)}%</div></div>` : ""}
         <div id="evaluated-on"><div class="lab">evaluated on</div><div>${esc(ev.evaluated_on || "not stated")}</div></div>
+        ${ev.data ? `<div id="eval-data"><div class="lab">evaluation data</div><div>${ev.data.dataset
+          ? `<b>${esc(ev.data.dataset.name)}</b> <span class="mono muted">${esc(ev.data.dataset.id)}, ${esc(ev.data.artifact_id)}</span>`
+          : `<span class="mono">${esc(ev.data.artifact_id)}</span> <span class="muted">(${esc(ev.data.kind)})</span>${ev.data.made_from
+            ? ` made from <b>${esc(ev.data.made_from.name)}</b> <span class="mono muted">${esc(ev.data.made_from.id)}</span>` : ""}`}</div></div>` : ""}
         <div class="muted" style="font-size:12px">tau = tokens accepted per target forward pass (greedy speculative decoding; 1.00 = no speedup)</div></div>`;
+    // tau per source dataset when the evaluation set mixes them (code vs chat differ a lot)
+    const bySource = ev.by_source ? `<div class="card"><b>tau by source</b> <span class="muted">the evaluation set mixes datasets</span>
+      <table id="by-source"><tr><th>source</th><th>prompts</th><th>trained tau</th><th>untrained tau</th></tr>
+      ${Object.entries(ev.by_source).map(([name, s]) => `<tr><td>${esc(name)}</td><td>${s.prompts ?? ""}</td>
+        <td>${f2(s.tau)}</td><td class="muted">${f2(s.tau_baseline)}</td></tr>`).join("")}</table></div>` : "";
     const pp = r.per_position || {};
     const ppSeries = [["trained", "#3fb950"], ["untrained", "#8a93a6"], ["vllm", "#58a6ff"]]
       .filter(([k]) => pp[k]).map(([k, color]) => ({name: k === "vllm" ? "trained (vLLM)" : `${k} drafter`, color,
@@ -174,12 +187,12 @@ const RENDER = {
         <td>${esc(a.target.name || a.target.id || "–")}</td></tr>`).join("")}</table></div>`;
     const held = Object.fromEntries(runObj.jobs.map(j => [j.id, j.held]));
     const stages = `<div class="stages">${r.stages.map(s => `<a class="stage" href="#job/${esc(s.job_id)}"><b>${esc(s.stage)}</b> ${st(s.status)}${held[s.job_id] ? ' <span class="muted">held</span>' : ""}
-        <span class="muted">attempt ${s.attempt}</span>${s.error ? `<div class="prog err">${esc(s.error.code)}</div>` : ""}</a>`).join("")}</div>`;
+        <span class="muted">${s.reused_from ? `reused from <span class="mono">${esc(s.reused_from)}</span>` : `attempt ${s.attempt}`}</span>${s.error ? `<div class="prog err">${esc(s.error.code)}</div>` : ""}</a>`).join("")}</div>`;
     return `<div class="card"><b style="font-size:16px">${esc(run.name)}</b> <span class="mono muted">${esc(run.id)}</span> ${st(run.status)}
         <div class="muted">owner <b id="run-owner">${esc(run.owner.name || run.owner.id)}</b> · ${esc(run.drafter_type || "")} drafter for
         <b>${esc(r.target.name || r.target.id)}</b> on <b>${esc(r.dataset.name || r.dataset.id)}</b> · started ${ago(run.created_at)}</div>
         <div style="margin-top:8px">${stages}</div>${runActions(run, runObj.jobs, who)}</div>
-      ${verdict}${taus}
+      ${verdict}${taus}${bySource}
       <div class="card">${perPos}</div>
       ${curves}
       ${plot ? `<div class="card"><b>Evaluate plot</b> <span class="muted">${esc(plot.path)}</span><br><img id="eval-plot" alt="acceptance per position (evaluate)" data-src="${esc(plot.url)}"></div>` : ""}

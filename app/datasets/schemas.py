@@ -1,4 +1,4 @@
-"""Dataset response schemas (API.md "Datasets")."""
+"""Dataset response schemas (docs/API.md "Datasets")."""
 
 from __future__ import annotations
 

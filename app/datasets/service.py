@@ -210,7 +210,7 @@ def get_dataset(session: Session, ds_id: str) -> Dataset:
 
 
 def delete_dataset(session: Session, user: Principal, d: Dataset) -> None:
-    """The row goes (API.md) and so do its files: the upload, and its artifact to a tombstone
+    """The row goes (docs/API.md) and so do its files: the upload, and its artifact to a tombstone
     (app/storage/delete.py: lineage kept, files removed once this commits), unless another
     dataset shares that artifact (an identical ingest reused it). Same rule as an artifact's
     delete: 409 naming the live jobs that need it, its own ingest or mix among them."""

@@ -97,7 +97,7 @@ def resolve(session: Session, job: Job) -> dict[str, Any]:
 
 
 def fingerprint(job: Job, resolved: dict[str, Any]) -> str:
-    """type + input artifact ids + params + stage version (ARCHITECTURE.md "Storage")."""
+    """type + input artifact ids + params + stage version (docs/ARCHITECTURE.md "Storage")."""
 
     def ident(v: Any) -> Any:
         if isinstance(v, list):

@@ -1,4 +1,4 @@
-"""Job resource schemas (API.md "Jobs")."""
+"""Job resource schemas (docs/API.md "Jobs")."""
 
 from __future__ import annotations
 
@@ -45,6 +45,12 @@ class Progress(BaseModel):
     unit: str | None = None
     rate: int | float | None = None
     eta_s: int | float | None = None
+    # A stage that goes through phases (evaluate: reference answers, target alone, with the
+    # drafter, ...) names the one reporting and its place; `stage` then reads
+    # "evaluate: with the drafter (3/6)" (workers/stages/evaluate/measure.py).
+    phase: str | None = None
+    phase_index: int | None = None
+    phases: int | None = None
 
 
 class GpuRef(ReadModel):

@@ -1,4 +1,4 @@
-"""The job state machine (API.md "Status"). Every change goes through `transition`, so an
+"""The job state machine (docs/API.md "Status"). Every change goes through `transition`, so an
 illegal one is a 409, never a silent change."""
 
 from __future__ import annotations

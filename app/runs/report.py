@@ -49,6 +49,25 @@ def _eval_report(art: Artifact | None) -> dict:
         return {}
 
 
+def _eval_data(session: Session, ev_art: Artifact | None) -> dict | None:
+    """The data evaluate measured on: its artifact and, when it is a dataset's, the dataset
+    by name (people know their data by name; the artifact id only finds it)."""
+    if ev_art is None:
+        return None
+    ins = [a for a in session.scalars(select(Artifact).where(
+        Artifact.id.in_(ev_art.inputs or []))) if a.kind in ("dataset", "tokenized")]
+    if not ins:
+        return None
+    def dataset_of(ids: list[str]) -> dict | None:
+        ds = session.scalars(select(Dataset).where(Dataset.artifact_id.in_(ids))).first()
+        return {"id": ds.id, "name": ds.name} if ds is not None else None
+
+    # A part of a dataset (the split's held-out records, a prepare's rows of it) is named by
+    # the dataset it was made from.
+    return {"artifact_id": ins[0].id, "kind": ins[0].kind, "dataset": dataset_of([ins[0].id]),
+            "made_from": dataset_of(list(ins[0].inputs or []))}
+
+
 def _per_position(rep: dict) -> dict[str, list[float]]:
     """Acceptance per draft position, for every measure the report has."""
     base = rep.get("baseline") or {}
@@ -72,8 +91,12 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
     js = run_jobs(session, run.id)
     by_stage = {j.run_stage: j for j in js}
     spec = run.spec or {}
+    # A stage satisfied by reuse (app/scheduler/service.py _reuse) made nothing itself: its
+    # outputs are the earlier job's artifacts, so a job's artifacts are its outputs.
+    stage_of_art = {a: j.run_stage for j in js for a in j.outputs or []}
     arts: list[Artifact] = list(session.scalars(
-        select(Artifact).where(Artifact.producer_job.in_([j.id for j in js]))
+        select(Artifact).where(Artifact.producer_job.in_([j.id for j in js])
+                               | Artifact.id.in_(stage_of_art))
         .order_by(Artifact.created_at))) if js else []
     target_id, dataset_id = spec.get("target_id"), spec.get("dataset_id")
     # The run's input dataset is the root of its lineage, though no job of the run made it.
@@ -103,7 +126,8 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
         return None
 
     lineage = [{"id": a.id, "kind": a.kind,
-                "stage": stage_of.get(a.producer_job) or ("input" if a is root else None),
+                "stage": (stage_of_art.get(a.id) or stage_of.get(a.producer_job)
+                          or ("input" if a is root else None)),
                 "job_id": a.producer_job, "node": node_of.get(a.producer_job),
                 # The artifacts it was made from (the target has its own field).
                 "inputs": [i for i in a.inputs or [] if i != target_id], "bytes": a.bytes,
@@ -113,9 +137,9 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
                 "chat_template_sha256": template_sha(a)} for a in arts]
 
     ev_job, tr_job = by_stage.get("evaluate"), by_stage.get("train")
-    ev_art = next((a for a in arts if ev_job and a.producer_job == ev_job.id
+    ev_art = next((a for a in arts if ev_job and a.id in (ev_job.outputs or [])
                    and a.kind == "eval_report"), None)
-    drafter = next((a for a in arts if tr_job and a.producer_job == tr_job.id
+    drafter = next((a for a in arts if tr_job and a.id in (tr_job.outputs or [])
                     and a.kind == "drafter"), None)
     rep = _eval_report(ev_art)
     summary = {**((ev_job.metrics_summary or {}) if ev_job else {}), **(run.report or {})}
@@ -123,7 +147,11 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
     evaluation["tau_baseline"] = evaluation["tau_baseline"] or (rep.get("baseline") or {}).get("tau")
     evaluation["tau_sim_baseline"] = (evaluation["tau_sim_baseline"]
                                       or (rep.get("baseline") or {}).get("tau_sim"))
+    evaluation["data"] = _eval_data(session, ev_art)
+    # tau per source dataset when the evaluation set mixes sources (workers/stages/evaluate)
+    evaluation["by_source"] = rep.get("by_source")
     files = {f["path"] for f in (ev_art.files if ev_art else [])}
+    curve_job = (tr_job.reused_from or tr_job.id) if tr_job else None
     return {
         "run": {"id": run.id, "name": run.name, "status": run.status,
                 "owner": {"id": run.owner_id, "name": users.get(run.owner_id)},
@@ -138,8 +166,8 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
                     "started_at": j.started_at, "finished_at": j.finished_at} for j in js],
         "evaluation": evaluation,
         "per_position": _per_position(rep),
-        "curves": {"job_id": tr_job.id if tr_job else None, "x": "step",
-                   "series": _curves(session, tr_job.id if tr_job else None)},
+        # A reused train's curves are those of the job that trained (its events hold them).
+        "curves": {"job_id": curve_job, "x": "step", "series": _curves(session, curve_job)},
         "plots": [{"artifact_id": ev_art.id, "path": p,
                    "url": f"/v1/artifacts/{ev_art.id}/files/{p}"}
                   for p in PLOT_FILES if ev_art and p in files],

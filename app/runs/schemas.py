@@ -1,4 +1,4 @@
-"""Run submission (API.md "Runs"). The body is `contracts.run.RunSpec`: the plan stage reads
+"""Run submission (docs/API.md "Runs"). The body is `contracts.run.RunSpec`: the plan stage reads
 and expands the same model, so both see the same jobs."""
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def run_jobs(session: Session, run_id: str) -> list[Job]:
 
 
 def overall_status(statuses: list[str]) -> str:
-    """A run's status (API.md: pending, queued, running, succeeded, failed, cancelled) from
+    """A run's status (docs/API.md: pending, queued, running, succeeded, failed, cancelled) from
     its stage jobs' statuses."""
     if not statuses:
         return "pending"

@@ -1,4 +1,4 @@
-"""Target response schemas (API.md "Targets")."""
+"""Target response schemas (docs/API.md "Targets")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""User and token response schemas (API.md "Users")."""
+"""User and token response schemas (docs/API.md "Users")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Webhook response schemas (API.md "Webhooks")."""
+"""Webhook response schemas (docs/API.md "Webhooks")."""
 
 from __future__ import annotations
 

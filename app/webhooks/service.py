@@ -88,7 +88,7 @@ def create_webhook(session: Session, user: Principal, url: str,
 
 def get_webhook(session: Session, user: Principal, hook_id: str) -> Webhook:
     hook = session.get(Webhook, hook_id)
-    # Another user's webhook is private: 404, as API.md says of private resources.
+    # Another user's webhook is private: 404, as docs/API.md says of private resources.
     if hook is None or (hook.owner_id != user.id and not user.is_admin):
         raise NotFound(f"webhook {hook_id} not found", param="id")
     return hook

@@ -65,4 +65,4 @@ def reported_run(api, worker, home, tmp_path_factory) -> dict:
     run = c.wait_run(run_id, timeout=600)
     assert run["status"] == "succeeded", run["stages"]
     return {"run": run, "user": user, "target": target, "dataset": ds, "upload_progress": seen,
-            "file": f, "token": user["token"], "cli_follow": p.stdout}
+            "file": f, "token": user["token"], "cli_follow": p.stdout, "body": body}

@@ -2,7 +2,7 @@
 
 A tiny random `Qwen3_5ForCausalLM` (layer_types linear x3 + full, as Qwen3.6-27B per four
 layers), the real Qwen3 tokenizer and the Qwen3.6 template from the fixtures; whitespace-only
-tokens have zero embedding rows so the random target answers with text (FIELD-NOTES). The
+tokens have zero embedding rows so the random target answers with text (docs/FIELD-NOTES.md). The
 whole chain runs from `POST /v1/runs` (generate hf -> prepare -> extract hf -> train dflash
 -> evaluate with the untrained baseline) on 20 prompt-only and multi-turn records plus two
 the template cannot render, and the trained drafter must beat the untrained one on prompts

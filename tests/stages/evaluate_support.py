@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import torch
 
-MASK_TOKEN = "<|endoftext|>"  # the Qwen3 tokenizer has no spare slot (FIELD-NOTES)
+MASK_TOKEN = "<|endoftext|>"  # the Qwen3 tokenizer has no spare slot (docs/FIELD-NOTES.md)
 
 
 def code_prompts(n: int, seed: int = 0) -> list[str]:

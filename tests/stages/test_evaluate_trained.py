@@ -6,7 +6,7 @@
 
 The drafter is trained here with speculators' model class, loss and optimizer in a minimal
 loop (tests/stages/evaluate_support.py) on the target's own greedy answers; the default test
-is a short variant, the `slow` one uses FIELD-NOTES' demo settings.
+is a short variant, the `slow` one uses docs/FIELD-NOTES.md's demo settings.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from workers.stages.records import write_dataset
 # decoding runs. At the anchors decoding visited, the contexts are identical, so the two
 # agree step by step (up to float ties between batched and incremental forwards). Over all
 # anchors the estimate differs from real tau by the anchor-selection bias (decoding restarts
-# right after a miss, where drafting is harder): FIELD-NOTES saw 4.4 vs 3.0.
+# right after a miss, where drafting is harder): docs/FIELD-NOTES.md saw 4.4 vs 3.0.
 SAME_ANCHOR_TAU_TOLERANCE = 0.1   # absolute, on the anchors decoding visited
 TAU_SIM_TOLERANCE = 0.3           # relative, |tau_sim - tau| / tau over all anchors
 CLEAR_GAP = 1.0                   # trained tau must exceed untrained tau by at least this
@@ -108,7 +108,7 @@ def test_trained_drafter_beats_untrained_short(demo_target, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_trained_drafter_beats_untrained_field_notes_settings(demo_target, tmp_path):
-    """FIELD-NOTES demo: 256 train / 32 held-out prompts, 96 new tokens, ~440 steps."""
+    """docs/FIELD-NOTES.md demo: 256 train / 32 held-out prompts, 96 new tokens, ~440 steps."""
     report, losses = _evaluate(tmp_path, demo_target, n_train=256, n_eval=32, max_new=96,
                                steps=440)
     _check(report, losses, 32)

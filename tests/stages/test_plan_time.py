@@ -15,7 +15,7 @@ from workers.stages.plan_time import DEFAULT_RATES, target_params
 from workers.stages.records import write_dataset
 from workers.stages.tinymodel import qwen3_tokenizer_dir
 
-# Qwen3.6-27B's shapes (FIELD-NOTES "The seeds' target family"): hidden 5120, 64 layers, three
+# Qwen3.6-27B's shapes (docs/FIELD-NOTES.md "The seeds' target family"): hidden 5120, 64 layers, three
 # gated-delta-net layers per full-attention one, vocab 248,320.
 SEEDS_CONFIG = {
     "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",

@@ -1,5 +1,5 @@
 """Prepare builds the rows of generated turns from the target's own token ids
-(workers/stages/prepare/tokenrows.py; FIELD-NOTES "Generation": decoding and re-tokenizing
+(workers/stages/prepare/tokenrows.py; docs/FIELD-NOTES.md "Generation": decoding and re-tokenizing
 the text does not round-trip).
 
 Real parts: the trained demo target (tiny Qwen3, real Qwen3 tokenizer and template) answers

@@ -81,6 +81,32 @@ def test_dflash_trains_and_saves_a_reloadable_drafter(train_data, tmp_path):
     assert torch.equal(trained_sd["d2t"], initial_sd["d2t"])
 
 
+def test_progress_every_step_with_a_rate_from_the_first(train_data, tmp_path):
+    """Steps slower than the progress throttle (here: any step, the throttle set to 0) are
+    each reported, whatever log_every says; the report before the first step starts the
+    rate's clock, so the job shows a rate and an ETA once step 1 is done (a train of
+    one-minute steps showed "1/42" and no rate for log_every minutes)."""
+    from workers.stages.train import run
+    from workers.supervisor import _Rate
+
+    target, tok, hs = train_data
+    spec = ts.train_spec(tmp_path, target, tok, hs, ts.dflash_params(
+        max_steps=5, log_every=100, checkpoint_every=100))
+    ctx = StageContext.from_spec(spec)
+    ctx.min_progress_interval_s = 0.0
+    try:
+        run(spec, ctx)
+    finally:
+        ctx.close()
+    prog = ts.events(spec, "progress")
+    assert [(e["data"]["done"], e["data"]["total"]) for e in prog] == \
+        [(i, 5) for i in range(6)], prog
+    assert {e["data"]["stage"] for e in prog} == {"train"}
+    rate = _Rate()  # as the supervisor computes the job's rate and ETA from these reports
+    rates = [rate.add(e["at"], e["data"]["done"]) for e in prog]
+    assert rates[0] is None and all(r and r > 0 for r in rates[1:]), rates
+
+
 def test_eagle3_trains(train_data, tmp_path):
     target, tok, hs = train_data
     params = {"drafter": {"type": "eagle3", "ttt_steps": 3}, "seq_length": 256,

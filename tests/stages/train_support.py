@@ -52,7 +52,7 @@ def train_target(target_dir: Path, tokenized: Path, out: Path, steps: int = 60,
     token it predicts flips with tiny context changes and a drafter, whose lm_head is that
     same frozen embedding, can hardly become confident: its loss falls slowly whatever it
     learns. A briefly trained target predicts the data with confidence, as real targets do
-    (FIELD-NOTES: "A random target is a poor demo"). Logits are computed over the tokens
+    (docs/FIELD-NOTES.md: "A random target is a poor demo"). Logits are computed over the tokens
     the rows use only, which keeps a step at a few milliseconds."""
     import shutil
 

@@ -9,7 +9,7 @@ node-local and goes with the attempt: what no retry needs (a hand-off file, a se
 
 It reports through `ctx`, which appends one JSON object per line to `spec["events_path"]`:
 
-    {"kind": "progress", "data": {"stage", "done", "total", "unit"}}
+    {"kind": "progress", "data": {"stage", "done", "total", "unit", "phase"?, ...}}
     {"kind": "metric",   "data": {"step": int, "<name>": float, ...}}
     {"kind": "warning",  "data": {"message", ...}}
     {"kind": "artifact", "data": {"name", "kind", "path" (relative to out_dir), "meta"}}
@@ -78,14 +78,17 @@ class StageContext:
         self._fh.flush()
 
     def progress(self, done: int, total: int | None, unit: str, stage: str | None = None,
-                 force: bool = False) -> None:
-        """Report progress; throttled so a tight loop can call it on every item."""
+                 force: bool = False, **extra: Any) -> None:
+        """Report progress; throttled so a tight loop can call it on every item. `extra`:
+        more fields of the job's `progress` (a stage's phase: `phase`, `phase_index`,
+        `phases`)."""
         now = time.monotonic()
         final = total is not None and done >= total
         if not (force or final) and now - self._last_progress < self.min_progress_interval_s:
             return
         self._last_progress = now
-        self.emit("progress", {"stage": stage, "done": done, "total": total, "unit": unit})
+        self.emit("progress", {"stage": stage, "done": done, "total": total, "unit": unit,
+                               **extra})
 
     def metric(self, step: int, **values: float) -> None:
         self.emit("metric", {"step": int(step), **{k: float(v) for k, v in values.items()}})

@@ -1,7 +1,7 @@
 """The demo target: a tiny Qwen3 model briefly trained on Python's own standard library.
 
 A random tiny target is a poor demo and a poor test of a drafter: its greedy output is one
-token repeated, so a drafter only has to learn "copy the anchor" (FIELD-NOTES.md "The whole
+token repeated, so a drafter only has to learn "copy the anchor" (docs/FIELD-NOTES.md "The whole
 pipeline fits a laptop demo"). A few hundred next-token steps on code shipped with Python make
 its greedy output varied, code-like text whose next token still depends on the context, which
 is what a drafter must learn to predict.
@@ -10,7 +10,7 @@ Two choices keep this cheap enough for a laptop and for tests:
 
 - Compact vocabulary. The model trains over the most frequent tokens of the corpus plus the
   tokenizer's special tokens (2,048 + 1 rows instead of 151,669), which made a step about 3x
-  cheaper in FIELD-NOTES. Every other token shares one learned "rare" row as input, and is
+  cheaper in docs/FIELD-NOTES.md. Every other token shares one learned "rare" row as input, and is
   never a training target. Afterwards the rows are copied back into the full tied embedding:
   kept tokens get their trained rows, all others the rare row, so the full model computes the
   same function as the compact one for every kept token.
@@ -52,14 +52,14 @@ class DemoTargetConfig:
     """How the demo target is trained; each default has its reason."""
 
     seed: int = 0
-    # FIELD-NOTES: about 600 next-token steps gave varied, code-like greedy output.
+    # docs/FIELD-NOTES.md: about 600 next-token steps gave varied, code-like greedy output.
     steps: int = 600
     # 8 x 128 tokens per step keeps a step near 0.1 s on one core.
     batch: int = 8
     seq_len: int = 128
     lr: float = 3e-3
     warmup: int = 30
-    # FIELD-NOTES: ~2,048 kept tokens cover most of the code and made a step 3x cheaper.
+    # docs/FIELD-NOTES.md: ~2,048 kept tokens cover most of the code and made a step 3x cheaper.
     compact_vocab: int = 2048
     # ~300 KB of source is ~70K tokens, seen about 9 times in 600 x 8 x 128 window tokens.
     # Measured: on 1.5 MB the loss stalled near 3.7 and greedy output looped on one comment

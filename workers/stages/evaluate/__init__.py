@@ -116,7 +116,11 @@ def evaluated_on(which: str | None, data: dict) -> str | None:
         return "in-sample, as requested: on the records it trained on"
     if which == "given":
         n = meta.get("num_records")
-        return f"on the evaluation data given ({data.get('id') or data['path']}" + (
+        # A dataset given by name or id resolves with its name (app/jobs/inputs.py): people
+        # know their data by name, the artifact id only finds it.
+        what = (f"{data['name']}, {data.get('dataset_id')}" if data.get("name")
+                else data.get("id") or data["path"])
+        return f"on the evaluation data given ({what}" + (
             f", {n} records)" if n is not None else ")")
     return None
 

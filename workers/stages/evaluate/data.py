@@ -97,13 +97,14 @@ def prompts_from_rows(rows: list[Row]) -> list[list[int]]:
 
 
 def prompts_from_dataset(path: Path | str, tokenizer: Any, chat_template: str | None,
-                         template_kwargs: dict, limit: int,
-                         seed: int) -> tuple[list[list[int]], int]:
+                         template_kwargs: dict, limit: int, seed: int,
+                         sources: list[str] | None = None) -> tuple[list[list[int]], int]:
     """Rendered prompt token ids of a seeded sample of records, and how many failed to render.
 
     A record's prompt is its messages before the last assistant turn (all of them when it
     has none), rendered with the generation prompt, so the target continues where the
-    record's last answer started.
+    record's last answer started. `sources`, when given, gets each prompt's source dataset
+    (`source_name`), in the order of the prompts.
     """
     from workers.stages.records import count_records, iter_records
 
@@ -128,4 +129,13 @@ def prompts_from_dataset(path: Path | str, tokenizer: Any, chat_template: str | 
             failed += 1
             continue
         prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if sources is not None:
+            sources.append(source_name(rec.get("source")))
     return prompts, failed
+
+
+def source_name(source: str | None) -> str:
+    """The dataset a record came from: its `source` is `<dataset name>:<line>` (ingest), kept
+    through a mix (workers/stages/mix.py), so a mixed set splits by it."""
+    s = source or ""
+    return s.rsplit(":", 1)[0] if ":" in s else s

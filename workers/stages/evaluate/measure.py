@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from workers.stages.evaluate.specdec import (
     hf_greedy,
     plain_greedy,
     speculative_greedy,
+    tau_by_source,
 )
 from workers.stages.evaluate.target import (
     TargetRunner,
@@ -42,6 +44,9 @@ class Evaluation:
         self.baseline_spec = baseline
         self.ctx = ctx
         self.num_spec = p.block_size - 1 if p.block_size else None
+        self.phases: list[str] = []
+        # Each prompt's source dataset (dataset data only): a mixed set reports tau by source.
+        self.sources: list[str] = []
 
     # -- data ---------------------------------------------------------------------------
     def load_data(self, data: dict, template: str | None,
@@ -54,7 +59,7 @@ class Evaluation:
             rows = rows[:p.tau_sim_rows]
         else:
             prompts, failed = prompts_from_dataset(data["path"], self.tok, template, kwargs,
-                                                   p.num_prompts, p.seed)
+                                                   p.num_prompts, p.seed, self.sources)
             if failed:
                 self.ctx.warning(f"{failed} held-out records could not be rendered as prompts "
                                  f"and were skipped", count=failed)
@@ -99,11 +104,13 @@ class Evaluation:
         measures = set(self.p.measures)
         max_pos = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
         if max_pos:
-            fit = [q for q in prompts if len(q) + self.p.max_new_tokens + 64 <= max_pos]
-            if len(fit) < len(prompts):
-                self.ctx.warning(f"{len(prompts) - len(fit)} prompts too long for the target's "
-                                 f"{max_pos} positions were skipped")
-            prompts = fit
+            keep = [i for i, q in enumerate(prompts)
+                    if len(q) + self.p.max_new_tokens + 64 <= max_pos]
+            if len(keep) < len(prompts):
+                self.ctx.warning(f"{len(prompts) - len(keep)} prompts too long for the "
+                                 f"target's {max_pos} positions were skipped")
+            prompts = [prompts[i] for i in keep]
+            self.sources = [self.sources[i] for i in keep] if self.sources else []
             if rows is not None:
                 rows = [r for r in rows if len(r[0]) <= max_pos]
         report: dict = {
@@ -120,6 +127,7 @@ class Evaluation:
                     "path": str(self.baseline_spec.path) if self.baseline_spec else None,
                     "tau": None, "tau_sim": None}
 
+        self._plan_phases(measures, rows, base is not None)
         refs: list[list[int]] = []
         if "specdec" in measures or rows is None:
             refs = self._references(prompts)
@@ -129,10 +137,14 @@ class Evaluation:
             report.update(self._specdec(prompts, refs, plain, self.runner, self.proposer,
                                         "drafter"))
             steps = report.pop("_steps")
+            accepted = {"tau": report.pop("_accepted")}
             if base is not None:
                 base.update(self._specdec(prompts, refs, plain, self.base_runner,
                                           self.base_proposer, "baseline"))
                 base.pop("_steps")
+                accepted["tau_baseline"] = base.pop("_accepted")
+            if len(set(self.sources)) > 1:
+                report["by_source"] = tau_by_source(self.sources, accepted)
         if "tau_sim" in measures:
             sim_rows = rows if rows is not None else [
                 (q + r, [0] * len(q) + [1] * len(r)) for q, r in zip(prompts, refs, strict=True)]
@@ -148,16 +160,18 @@ class Evaluation:
                 report["tau_sim_on_decode_anchors"] = _same_anchor_agreement(steps, runs)
             if base is not None:
                 res = self._tau_sim(sim_rows, self.base_runner, self.base_proposer,
-                                    "tau_sim_baseline")
+                                    "tau_sim baseline")
                 res.pop("runs")
                 base.update(res)
         if "vllm" in measures:
             from workers.stages.evaluate.vllm_metrics import measure_with_vllm
 
+            self._progress(0, len(prompts), "prompts", "vLLM")
             report["vllm"] = measure_with_vllm(
                 str(self.target["path"]), str(self.drafter.path), self.drafter.kind,
                 self.proposer.num_spec, prompts, self.p.max_new_tokens, work_dir,
                 port=self.p.vllm_port, options=self.p.vllm)
+            self._progress(len(prompts), len(prompts), "prompts", "vLLM")
         report["baseline"] = base
         # The tokens the drafter should have proposed: the target's greedy answers, or the
         # trained (masked) tokens of the held-out rows.
@@ -168,21 +182,45 @@ class Evaluation:
         report["measure_seconds"] = round(time.monotonic() - t0, 2)
         return report
 
+    # -- progress -----------------------------------------------------------------------
+    def _plan_phases(self, measures: Collection[str], rows: list[Row] | None, baseline: bool) -> None:
+        """The phases `measure` goes through, in order. Each restarts the progress bar, so
+        each report names its phase and its place ("evaluate: with the drafter (3/5)")."""
+        plan = [("reference answers", "specdec" in measures or rows is None),
+                ("target alone", "specdec" in measures),
+                ("with the drafter", "specdec" in measures),
+                ("with the baseline", "specdec" in measures and baseline),
+                ("tau_sim", "tau_sim" in measures),
+                ("tau_sim baseline", "tau_sim" in measures and baseline),
+                ("vLLM", "vllm" in measures)]
+        self.phases = [name for name, runs in plan if runs]
+
+    def _progress(self, done: int, total: int, unit: str, phase: str) -> None:
+        """A phase reports 0 when it starts (forced: the bar and the rate's clock restart
+        there), then as it goes."""
+        if phase not in self.phases:  # a phase the plan above does not know yet goes last
+            self.phases.append(phase)
+        k, n = self.phases.index(phase) + 1, len(self.phases)
+        self.ctx.progress(done, total, unit, stage=f"evaluate: {phase} ({k}/{n})",
+                          force=done == 0, phase=phase, phase_index=k, phases=n)
+
     def _references(self, prompts: list[list[int]]) -> list[list[int]]:
         refs = []
+        self._progress(0, len(prompts), "prompts", "reference answers")
         for i, q in enumerate(prompts):
             refs.append(hf_greedy(self.model, q, self.p.max_new_tokens, self.eos))
-            self.ctx.progress(i + 1, len(prompts), "prompts", stage="reference greedy")
+            self._progress(i + 1, len(prompts), "prompts", "reference answers")
         return refs
 
     def _plain(self, prompts: list[list[int]]) -> tuple[int, float]:
         """(tokens, seconds) of the target alone over all prompts: the speed baseline."""
         tokens, seconds = 0, 0.0
+        self._progress(0, len(prompts), "prompts", "target alone")
         for i, q in enumerate(prompts):
             out = plain_greedy(self.runner, q, self.p.max_new_tokens, self.eos)
             tokens += len(out.tokens)
             seconds += out.seconds
-            self.ctx.progress(i + 1, len(prompts), "prompts", stage="target alone")
+            self._progress(i + 1, len(prompts), "prompts", "target alone")
         return tokens, seconds
 
     def _specdec(self, prompts: list[list[int]], refs: list[list[int]],
@@ -190,16 +228,19 @@ class Evaluation:
                  who: str) -> dict:
         accepted: list[int] = []
         per_prompt: list[tuple[list[int], list[int]] | None] = []
+        accepted_per_prompt: list[list[int]] = []
         spec_s = 0.0
         spec_tokens = 0
         plain_tokens, plain_s = plain
         equal = 0
         mismatch = None
+        self._progress(0, len(prompts), "prompts", f"with the {who}")
         for i, (q, ref) in enumerate(zip(prompts, refs, strict=True)):
             spec = speculative_greedy(runner, proposer, q, self.p.max_new_tokens, self.eos)
             spec_s += spec.seconds
             spec_tokens += len(spec.tokens)
             accepted.extend(spec.accepted)
+            accepted_per_prompt.append(spec.accepted)
             per_prompt.append((spec.anchors, spec.accepted) if spec.tokens == ref else None)
             if spec.tokens == ref:
                 equal += 1
@@ -208,7 +249,7 @@ class Evaluation:
                 at = next((j for j, (a, b) in pairs if a != b), min(len(spec.tokens), len(ref)))
                 mismatch = {"prompt": i, "position": at, "specdec": spec.tokens[at:at + 4],
                             "greedy": ref[at:at + 4]}
-            self.ctx.progress(i + 1, len(prompts), "prompts", stage=f"specdec {who}")
+            self._progress(i + 1, len(prompts), "prompts", f"with the {who}")
         stats = acceptance_stats(accepted, proposer.num_spec)
         if equal != len(prompts):
             self.ctx.warning(f"{who}: {len(prompts) - equal} of {len(prompts)} speculative "
@@ -221,14 +262,16 @@ class Evaluation:
             "lossless": {"checked": len(prompts), "equal": equal, "first_mismatch": mismatch},
             "generated_tokens": spec_tokens,
             "_steps": per_prompt,
+            "_accepted": accepted_per_prompt,
         })
         return stats
 
     def _tau_sim(self, rows: list[Row], runner: TargetRunner, proposer: Any, label: str,
                  runs_at: list[list[int]] | None = None) -> dict:
+        self._progress(0, len(rows), "rows", label)
         res = teacher_forced_acceptance(
             runner, proposer, rows,
-            on_row=lambda n: self.ctx.progress(n, len(rows), "rows", stage=label),
+            on_row=lambda n: self._progress(n, len(rows), "rows", label),
             runs_at=runs_at)
         res["tau_sim_rows"] = len(rows)
         return res

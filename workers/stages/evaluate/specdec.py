@@ -97,6 +97,23 @@ def hf_greedy(model: Any, prompt: list[int], max_new: int, eos: set[int]) -> lis
     return _finish(out[0, len(prompt):].tolist(), max_new, eos)
 
 
+def tau_by_source(sources: list[str], accepted: dict[str, list[list[int]]]) -> dict:
+    """tau per source dataset of a mixed evaluation set: `accepted[who][i]` is the accepted
+    draft counts of prompt i's steps (who: "tau", "tau_baseline", ...), `sources[i]` its
+    dataset. A source's tau is over its own steps, as the overall tau is over all of them."""
+    out: dict[str, dict] = {}
+    for name in sorted(set(sources)):
+        idx = [i for i, s in enumerate(sources) if s == name]
+        row: dict = {"prompts": len(idx)}
+        for who, per_prompt in accepted.items():
+            steps = [a for i in idx for a in per_prompt[i]]
+            row[who] = 1.0 + sum(steps) / len(steps) if steps else None
+            if who == "tau":
+                row["steps"] = len(steps)
+        out[name] = row
+    return out
+
+
 def acceptance_stats(accepted: list[int], num_spec: int) -> dict:
     """tau, per-position acceptance rates and the histogram of accepted lengths.
 

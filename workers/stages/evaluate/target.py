@@ -3,7 +3,7 @@ auxiliary hidden states a drafter reads, on a KV cache that can be rolled back.
 
 Aux layer id i is HF `output_hidden_states[i]` (index 0 is the embeddings), except that HF's
 last entry is taken after the final norm while speculators trains on the input of that norm
-(FIELD-NOTES.md "Hidden states"), so id N = num_hidden_layers reads the norm's input through a
+(docs/FIELD-NOTES.md "Hidden states"), so id N = num_hidden_layers reads the norm's input through a
 forward pre-hook.
 """
 
@@ -50,7 +50,7 @@ class TargetRunner:
         """Run `token_ids` after what the cache holds; the cache then holds them too.
 
         `last_logits_only` skips the full-vocabulary head for all but the last position
-        (a prefill needs only that one; FIELD-NOTES "logits_to_keep=1").
+        (a prefill needs only that one; docs/FIELD-NOTES.md "logits_to_keep=1").
         """
         import torch
 

@@ -11,7 +11,7 @@ over the row, full vocabulary). Two estimates follow:
   speculators' `full_acc_k` (already joint: tau = 1 + sum_k full_acc_k).
 
 Both overstate real greedy acceptance on a loopy target, where real decoding revisits the
-contexts the drafter finds hard (FIELD-NOTES "Measuring acceptance": 4.4 vs 3.0); the report
+contexts the drafter finds hard (docs/FIELD-NOTES.md "Measuring acceptance": 4.4 vs 3.0); the report
 keeps real greedy speculative decoding as ground truth.
 """
 

@@ -4,7 +4,7 @@ Layer ids follow speculators and vLLM (`eagle_aux_hidden_state_layer_ids`): id i
 residual stream entering decoder layer i, which is HF `output_hidden_states[i]` (0 is the
 embeddings). id N (N = num_hidden_layers) is the output of the last decoder layer *before*
 the final norm: speculators splits it off as `verifier_last_hidden_states` and applies the
-verifier's norm itself (FIELD-NOTES "Hidden states"), so HF's post-norm last entry would be
+verifier's norm itself (docs/FIELD-NOTES.md "Hidden states"), so HF's post-norm last entry would be
 normed twice. Every stored file holds the aux layers in the order given, then layer N.
 
 Pure: no torch, so the planner and `POST /v1/plans` can use it.

@@ -1,4 +1,4 @@
-"""Rows of generated turns from the token ids the target produced (FIELD-NOTES, "Generation":
+"""Rows of generated turns from the token ids the target produced (docs/FIELD-NOTES.md, "Generation":
 decoding and re-tokenizing the text does not round-trip).
 
 A dataset from the generate stage carries `token_ids.parquet`: per generated turn the prompt

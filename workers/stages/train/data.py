@@ -53,7 +53,7 @@ class LayerSubsetTransfer(FileTransfer):
 class HFTargetTransfer(HiddenStatesTransfer):
     """Hidden states computed on demand by the HF target, in the extract stage's layout:
     aux layer i = HF `hidden_states[i]`, last = the input of the final norm (speculators
-    applies the verifier norm itself, FIELD-NOTES "Hidden states")."""
+    applies the verifier norm itself, docs/FIELD-NOTES.md "Hidden states")."""
 
     def __init__(self, target_path: str, tokenized_path: str, layer_ids: list[int],
                  device: str = "cpu"):

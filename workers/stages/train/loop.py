@@ -1,5 +1,5 @@
 """The training loop, driven here rather than by speculators' `Trainer` (which assumes a GPU:
-`.to(0)`, `torch.accelerator.synchronize()`, FIELD-NOTES), around its model classes, losses,
+`.to(0)`, `torch.accelerator.synchronize()`, docs/FIELD-NOTES.md), around its model classes, losses,
 optimizers, data pipeline and checkpoint format. One code path for CPU, one GPU, and torchrun
 DDP/FSDP ranks.
 
@@ -91,7 +91,7 @@ class Run:
         self.cuda = device.type == "cuda"
         # CUDA: fp32 master weights under bf16 autocast with bf16 hidden states (as
         # speculators' trainer); CPU: float32 throughout (bf16 hidden states hit a dtype
-        # mismatch in the matmul, FIELD-NOTES).
+        # mismatch in the matmul, docs/FIELD-NOTES.md).
         self.hs_dtype = torch.bfloat16 if self.cuda else torch.float32
         self.step_times: list[float] = []
 
@@ -297,6 +297,11 @@ class Run:
         workers = self._workers()
         stream = data.loader(self.train_ds, planned, self.job, self.hs_dtype, workers,
                              self.cuda, self.preprocess)
+        # Progress on every step, throttled by time only (StageContext.progress), never by
+        # log_every: a train whose steps take a minute shows its rate and ETA from its first
+        # step. This report is where the rate's clock starts (workers/supervisor.py _Rate).
+        self.ctx.progress(st["step"], self.total, "steps", stage="train", force=True)
+        first = True
         for batch in (stream if workers else data.prefetch(stream)):
             moved, tokens, errors = self._to_device(batch)
             _loss, step_metrics = self._step(moved)
@@ -316,7 +321,8 @@ class Run:
                     st["initial_loss"] = last   # the loss of step 1, before any update
                 st["last_loss"] = last
                 window, t_window = metrics.Window(), time.perf_counter()
-                self.ctx.progress(step, self.total, "steps", stage="train", force=True)
+            self.ctx.progress(step, self.total, "steps", stage="train", force=first)
+            first = False
             if p.eval_every and step % p.eval_every == 0 and step < self.total:
                 self.evaluate()
                 t_last = time.perf_counter()

@@ -1,7 +1,7 @@
 """transformers backend: batched `generate` with left padding, on CPU or one GPU.
 
 Requests are sorted by prompt length before batching so a batch pads little. The KV cache
-is transformers' default dynamic one: a static cache (FIELD-NOTES suggests it) measured 5-10%
+is transformers' default dynamic one: a static cache (docs/FIELD-NOTES.md suggests it) measured 5-10%
 slower in CPU time on the tiny Qwen3 with transformers 5.19 (batch 32, 64 and 256 new
 tokens), and hybrid targets (Qwen3.5 gated-delta-net layers) need their own cache anyway.
 Sampling is seeded per batch.
