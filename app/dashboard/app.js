@@ -142,6 +142,7 @@ const RENDER = {
     const taus = `<div id="tau" class="card taus">
         <div><div class="lab">trained drafter tau</div><div class="big">${f2(ev.tau)}</div></div>
         <div><div class="lab">untrained drafter tau</div><div class="big muted">${f2(ev.tau_baseline)}</div></div>
+        <div><div class="lab">prompt lookup tau (no training)</div><div class="big muted">${f2(ev.tau_prompt_lookup)}</div></div>
         ${ev.tau_sim != null ? `<div><div class="lab">simulated (teacher-forced)</div><div>${f2(ev.tau_sim)} vs ${f2(ev.tau_sim_baseline)}</div></div>` : ""}
         ${oov != null ? `<div><div class="lab">reference tokens outside the draft vocabulary</div><div>${(100 * oov).toFixed(1)}%</div></div>` : ""}
         <div id="evaluated-on"><div class="lab">evaluated on</div><div>${esc(ev.evaluated_on || "not stated")}</div></div>
@@ -156,8 +157,8 @@ const RENDER = {
       ${Object.entries(ev.by_source).map(([name, s]) => `<tr><td>${esc(name)}</td><td>${s.prompts ?? ""}</td>
         <td>${f2(s.tau)}</td><td class="muted">${f2(s.tau_baseline)}</td></tr>`).join("")}</table></div>` : "";
     const pp = r.per_position || {};
-    const ppSeries = [["trained", "#3fb950"], ["untrained", "#8a93a6"], ["vllm", "#58a6ff"]]
-      .filter(([k]) => pp[k]).map(([k, color]) => ({name: k === "vllm" ? "trained (vLLM)" : `${k} drafter`, color,
+    const ppSeries = [["trained", "#3fb950"], ["untrained", "#8a93a6"], ["prompt_lookup", "#d29922"], ["vllm", "#58a6ff"]]
+      .filter(([k]) => pp[k]).map(([k, color]) => ({name: k === "vllm" ? "trained (vLLM)" : k === "prompt_lookup" ? "prompt lookup" : `${k} drafter`, color,
         points: pp[k].map((v, i) => [i + 1, v])}));
     const perPos = ppSeries.length ? chart({id: "per-position-chart", series: ppSeries, bars: true,
         title: "Acceptance per draft position", xLabel: "draft position k", yLabel: "P(first k drafts accepted)",
@@ -333,6 +334,7 @@ function spark(series) {
 // User-facing names for stage measures (issue 27: chips said tau_sim_baseline).
 const LABELS = {tau: "tau (tokens per target forward)", tau_sim: "simulated tau (teacher-forced)",
   tau_baseline: "untrained drafter's tau", tau_sim_baseline: "untrained drafter's simulated tau",
+  tau_prompt_lookup: "prompt lookup's tau",
   verdict: "verdict", verdict_reason: "why", evaluated_on: "evaluated on",
   oov_share: "reference tokens outside the draft vocabulary", oov_reference_share: "reference tokens outside the draft vocabulary",
   acceptance_rate_per_position: "acceptance per draft position", held_out: "records held out", train: "records to train on",

@@ -1,7 +1,7 @@
 """The run report people read (`GET /v1/runs/{id}/report`): one object that the dashboard's
 run page and `draftyard runs show` both render, so the two cannot tell different stories.
 
-Verdict first, then trained vs untrained tau, per-position acceptance, the training curves,
+Verdict first, then trained vs untrained vs prompt-lookup tau, per-position acceptance, the training curves,
 the evaluate plot, the serve command, and the lineage of every artifact (which dataset, which
 chat-template hash, which target), with owners by name. The evaluate stage's report.json
 grows new keys over time (verdict reasons, OOV shares): read them defensively and pass on
@@ -23,7 +23,7 @@ from app.runs.service import run_jobs
 
 # Keys of the evaluate stage's report.json shown as they are (when present).
 EVAL_KEYS = ("verdict", "verdict_reason", "evaluated_on", "tau", "tau_sim", "tau_baseline",
-             "tau_sim_baseline",
+             "tau_sim_baseline", "tau_prompt_lookup",
              "oov_share", "oov_reference_share", "num_prompts", "exact_match", "template_mismatch",
              "enable_thinking", "chat_template_sha256", "seconds")
 # Training series worth a chart: the loss, and acceptance-like ones (DFlash acc_k, EAGLE-3's).
@@ -75,7 +75,8 @@ def _per_position(rep: dict) -> dict[str, list[float]]:
            "untrained": base.get("acceptance_rate_per_position"),
            "trained_sim": rep.get("acceptance_rate_per_position_sim"),
            "untrained_sim": base.get("acceptance_rate_per_position_sim"),
-           "vllm": (rep.get("vllm") or {}).get("acceptance_rate_per_position")}
+           "vllm": (rep.get("vllm") or {}).get("acceptance_rate_per_position"),
+           "prompt_lookup": (rep.get("prompt_lookup") or {}).get("acceptance_rate_per_position")}
     return {k: [float(x) for x in v] for k, v in out.items()
             if isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)}
 
@@ -150,6 +151,8 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
     evaluation["data"] = _eval_data(session, ev_art)
     # tau per source dataset when the evaluation set mixes sources (workers/stages/evaluate)
     evaluation["by_source"] = rep.get("by_source")
+    evaluation["tau_prompt_lookup"] = (evaluation["tau_prompt_lookup"]
+                                       or (rep.get("prompt_lookup") or {}).get("tau"))
     files = {f["path"] for f in (ev_art.files if ev_art else [])}
     curve_job = (tr_job.reused_from or tr_job.id) if tr_job else None
     return {

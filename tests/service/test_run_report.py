@@ -105,6 +105,10 @@ def test_runs_show_in_the_terminal(api, reported_run):
     assert lines[1].startswith(f"VERDICT: {ev['verdict'].upper()}"), out  # after the title
     assert f"owner {user['name']}" in lines[0]
     assert f"trained {ev['tau']:.2f} vs untrained {ev['tau_baseline']:.2f}" in out
+    # The free baseline beside them, from the evaluate stage's report.json.
+    assert ev["tau_prompt_lookup"] is not None and rep["per_position"]["prompt_lookup"]
+    assert f"vs prompt lookup {ev['tau_prompt_lookup']:.2f}" in out
+    assert "prompt lookup" in ev["verdict_reason"]
     assert "acceptance per draft position" in out and "P(first k drafts accepted)" in out
     assert "training loss (cross-entropy, nats)" in out and " step" in out
     assert rep["drafter"]["serve_command"] in out.replace("\n", "")

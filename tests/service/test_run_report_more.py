@@ -90,17 +90,17 @@ def test_runs_show_names_the_reused_jobs(api, reported_run, reused_run):
 
 def test_evaluate_progress_names_its_phases(api, reported_run):
     """The shared run's evaluate went through its phases (reference answers, target alone,
-    with the drafter, with the baseline, tau_sim, tau_sim baseline): the job's progress names
+    with the drafter, with the baseline, with the prompt lookup, tau_sim, tau_sim baseline): the job's progress names
     the last one and its place, and `draftyard run --follow` showed it."""
     run = reported_run["run"]
     ev = next(j for j in run["jobs"] if j["run_stage"] == "evaluate")
     p = api.get(f"/v1/jobs/{ev['id']}").json()["progress"]
-    assert (p["phase"], p["phase_index"], p["phases"]) == ("tau_sim baseline", 6, 6), p
-    assert p["stage"] == "evaluate: tau_sim baseline (6/6)" and p["done"] == p["total"]
+    assert (p["phase"], p["phase_index"], p["phases"]) == ("tau_sim baseline", 7, 7), p
+    assert p["stage"] == "evaluate: tau_sim baseline (7/7)" and p["done"] == p["total"]
     rows = api.get(f"/v1/jobs/{ev['id']}/events?limit=1000").json()["data"]
     phases = [e["data"].get("phase") for e in rows if e["kind"] == "progress"]
     assert phases[0] == "reference answers" and phases[-1] == "tau_sim baseline", phases
-    assert "tau_sim baseline (6/6)" in " ".join(reported_run["cli_follow"].split()), \
+    assert "tau_sim baseline (7/7)" in " ".join(reported_run["cli_follow"].split()), \
         reported_run["cli_follow"]
 
 

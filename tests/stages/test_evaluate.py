@@ -287,9 +287,22 @@ def test_stage_writes_report_plot_and_rejects_below_min_tau(tiny_target, dflash_
     assert report["verdict"] == "reject" and "below min_tau 1.5" in report["verdict_reason"]
     diag = report["diagnostics"]
     assert diag["acceptance_rate_per_position"] == report["acceptance_rate_per_position"]
+    # Prompt lookup, decoded by the same loop with the drafter's K: lossless too, its own
+    # tau and acceptance per position, and the verdict compares the drafter with it.
+    pl = report["prompt_lookup"]
+    assert pl["num_speculative_tokens"] == 7
+    assert (pl["prompt_lookup_min"], pl["prompt_lookup_max"]) == (2, 5)
+    assert pl["lossless"]["checked"] == 3 and pl["lossless"]["equal"] == 3
+    assert len(pl["acceptance_rate_per_position"]) == 7
+    assert pl["tau"] == pytest.approx(1 + sum(pl["acceptance_rate_per_position"]))
+    assert sum(pl["histogram"].values()) == pl["steps"] > 0
+    assert diag["prompt_lookup_acceptance_rate_per_position"] == \
+        pl["acceptance_rate_per_position"]
+    assert f"prompt lookup's tau {pl['tau']:.3f}" in report["verdict_reason"]
     assert summary == {"tau": report["tau"], "tau_sim": report["tau_sim"],
                        "tau_baseline": report["baseline"]["tau"],
-                       "tau_sim_baseline": report["baseline"]["tau_sim"], "verdict": "reject",
+                       "tau_sim_baseline": report["baseline"]["tau_sim"],
+                       "tau_prompt_lookup": pl["tau"], "verdict": "reject",
                        "verdict_reason": report["verdict_reason"],
                        "oov_share": diag["draft_vocab"]["oov_share"],
                        "acceptance_rate_per_position": report["acceptance_rate_per_position"],

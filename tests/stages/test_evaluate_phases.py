@@ -15,7 +15,7 @@ from workers.stages.evaluate import run
 from workers.stages.records import write_dataset
 
 PHASES = ["reference answers", "target alone", "with the drafter", "with the baseline",
-          "tau_sim", "tau_sim baseline"]
+          "with the prompt lookup", "tau_sim", "tau_sim baseline"]
 
 
 def _mixed(folder, per_source: int = 2) -> None:

@@ -19,6 +19,7 @@ from contracts.spec import StageSpec
 from procgroup import watch_parent
 from workers.stages.common import StageContext, StageError, check_roots, read_spec
 from workers.stages.memory import lean_allocators
+from workers.stages.threads import apply_stage_threads
 
 # Every job type, and `plan` (the API's dry run of a run's body, never a job).
 STAGES = (*JOB_TYPES, "plan")
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None, watch: bool = True) -> int:
     spec["type"] = args.type
     if args.type in STREAMING_STAGES:
         lean_allocators(args.type)  # before the stage imports pyarrow
+    apply_stage_threads()  # before the stage's first forward (workers/stages/threads.py)
     ctx = StageContext.from_spec(spec)
     mod = importlib.import_module(f"workers.stages.{args.type}")
     try:

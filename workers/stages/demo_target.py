@@ -25,7 +25,6 @@ Two choices keep this cheap enough for a laptop and for tests:
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import math
@@ -37,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from workers.stages.machine_cache import build_once
 from workers.stages.tinymodel import build_tiny_target
 from workers.stages.tokenizer_load import cache_root
 
@@ -224,7 +224,6 @@ def cached_demo_target(cfg: DemoTargetConfig | None = None, chat_template: str |
     library versions that could change the result; filled by an atomic rename.
     """
     import platform
-    import shutil
 
     import torch
     import transformers
@@ -236,21 +235,8 @@ def cached_demo_target(cfg: DemoTargetConfig | None = None, chat_template: str |
                           "threads": BUILD_THREADS}, sort_keys=True)
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     final = (root or cache_root()) / "demo_targets" / key
-    if (final / DEMO_META_FILE).is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    # One builder at a time per key (parallel test processes, two demos at once): the others
-    # wait for it and reuse its result instead of spending the same minutes again.
-    with open(final.with_name(f"{key}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / DEMO_META_FILE).is_file():
-            return final
-        tmp = final.with_name(f"{key}.tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        build_demo_target(tmp, cfg, chat_template=chat_template, on_step=on_step)
-        shutil.rmtree(final, ignore_errors=True)  # a folder without its meta: half-built
-        tmp.rename(final)
-    return final
+    return build_once(final, DEMO_META_FILE, lambda tmp: build_demo_target(
+        tmp, cfg, chat_template=chat_template, on_step=on_step))
 
 
 def main() -> None:

@@ -230,6 +230,11 @@ def _disk(plan: Plan, lengths: list[int], dataset: dict | None, lp, parsed: dict
     dc = disk_check(need, disk_path, parsed["extract"].disk_margin_bytes, free_override)
     plan.estimates["hidden_state_bytes"] = need
     plan.estimates["disk_free_bytes"] = dc.free_bytes
+    from workers.stages.cpu import float32_note
+
+    note = float32_note(parsed["extract"].dtype)
+    if note:  # the planning machine's CPU: said for a run whose extract runs on CPUs like it
+        plan.warnings.append(f"extract: {note}")
     plan.check("disk", dc.ok, f"hidden states need {human_bytes(need)}; "
                f"{human_bytes(dc.free_bytes)} free at {dc.path}" +
                ("" if dc.ok else " — options: fewer samples, online mode, another volume "

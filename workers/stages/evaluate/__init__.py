@@ -11,10 +11,11 @@ output: artifact "report" of kind `eval_report` (out_dir/report: report.json, ac
 
 Measures: `tau_sim` (teacher-forced, cheap), `specdec` (real greedy speculative decoding with
 the transformers backend: ground truth, with a token-for-token check against plain greedy
-output), `vllm` (GPU boxes: vLLM's own spec-decode counters). The verdict is "reject" unless
-tau clears `min_tau` and beats the baseline by `min_gain` (verdict.py); the job itself still
-succeeds. `diagnostics` say why: the share of reference tokens outside the draft vocabulary,
-acceptance per position.
+output), `vllm` (GPU boxes: vLLM's own spec-decode counters). Beside `specdec`, prompt lookup
+(vLLM's `ngram`, prompt_lookup.py) is decoded by the same loop as the free baseline. The
+verdict is "reject" unless tau clears `min_tau` and beats both the baseline and prompt lookup
+by `min_gain` (verdict.py); the job itself still succeeds. `diagnostics` say why: the share
+of reference tokens outside the draft vocabulary, acceptance per position.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "tau": report.get("tau"), "tau_sim": report.get("tau_sim"),
         "tau_baseline": (report.get("baseline") or {}).get("tau"),
         "tau_sim_baseline": (report.get("baseline") or {}).get("tau_sim"),
+        "tau_prompt_lookup": (report.get("prompt_lookup") or {}).get("tau"),
         "verdict": report["verdict"], "verdict_reason": report["verdict_reason"],
         "evaluated_on": report["evaluated_on"],
         "oov_share": report["diagnostics"]["draft_vocab"]["oov_share"],

@@ -16,6 +16,7 @@ from workers.stages.evaluate.data import (
     prompts_from_rows,
 )
 from workers.stages.evaluate.drafter import DrafterSpec, load_drafter, untrained_like
+from workers.stages.evaluate.prompt_lookup import PromptLookupProposer
 from workers.stages.evaluate.proposers import make_proposer
 from workers.stages.evaluate.specdec import (
     acceptance_stats,
@@ -119,7 +120,7 @@ class Evaluation:
                         "aux_layer_ids": self.drafter.aux_layer_ids},
             "tau": None, "tau_sim": None, "acceptance_rate_per_position": [],
             "histogram": {}, "tokens_per_s": None, "lossless": None, "baseline": None,
-            "vllm": None, "device": self.device,
+            "vllm": None, "device": self.device, "prompt_lookup": None,
         }
         base: dict | None = None
         if self.base_proposer is not None:
@@ -143,6 +144,8 @@ class Evaluation:
                                           self.base_proposer, "baseline"))
                 base.pop("_steps")
                 accepted["tau_baseline"] = base.pop("_accepted")
+            report["prompt_lookup"] = self._prompt_lookup(prompts, refs, plain)
+            accepted["tau_prompt_lookup"] = report["prompt_lookup"].pop("_accepted")
             if len(set(self.sources)) > 1:
                 report["by_source"] = tau_by_source(self.sources, accepted)
         if "tau_sim" in measures:
@@ -190,6 +193,7 @@ class Evaluation:
                 ("target alone", "specdec" in measures),
                 ("with the drafter", "specdec" in measures),
                 ("with the baseline", "specdec" in measures and baseline),
+                ("with the prompt lookup", "specdec" in measures),
                 ("tau_sim", "tau_sim" in measures),
                 ("tau_sim baseline", "tau_sim" in measures and baseline),
                 ("vLLM", "vllm" in measures)]
@@ -265,6 +269,20 @@ class Evaluation:
             "_accepted": accepted_per_prompt,
         })
         return stats
+
+    def _prompt_lookup(self, prompts: list[list[int]], refs: list[list[int]],
+                       plain: tuple[int, float]) -> dict:
+        """The free baseline, decoded by the same loop with the drafter's K (verdict.py)."""
+        p = self.p
+        proposer = PromptLookupProposer(self.proposer.num_spec, p.prompt_lookup_min,
+                                        p.prompt_lookup_max)
+        # No aux layers: prompt lookup reads tokens only, so the target skips hidden states.
+        res = self._specdec(prompts, refs, plain, TargetRunner(self.model), proposer,
+                            "prompt lookup")
+        res.pop("_steps")
+        return {"prompt_lookup_min": p.prompt_lookup_min,
+                "prompt_lookup_max": p.prompt_lookup_max,
+                "num_speculative_tokens": proposer.num_spec, **res}
 
     def _tau_sim(self, rows: list[Row], runner: TargetRunner, proposer: Any, label: str,
                  runs_at: list[list[int]] | None = None) -> dict:

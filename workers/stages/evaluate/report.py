@@ -20,6 +20,10 @@ def _series(report: dict) -> list[tuple[str, list[float], str]]:
         if rep.get("acceptance_rate_per_position_sim"):
             out.append((f"{who}: simulated (tau_sim {rep['tau_sim']:.2f})",
                         rep["acceptance_rate_per_position_sim"], "line"))
+    pl = report.get("prompt_lookup") or {}
+    if pl.get("acceptance_rate_per_position"):
+        out.append((f"prompt lookup: greedy spec decode (tau {pl['tau']:.2f})",
+                    pl["acceptance_rate_per_position"], "bar"))
     vl = report.get("vllm") or {}
     if vl.get("acceptance_rate_per_position"):
         out.append((f"drafter: vLLM (tau {vl['tau']:.2f})", vl["acceptance_rate_per_position"],

@@ -65,7 +65,8 @@ def speculative_greedy(runner: TargetRunner, proposer: Any, prompt: list[int], m
         accepted.append(n_acc)
         # The cache now holds anchor + K drafts; keep anchor + accepted drafts.
         runner.rollback(len(draft) - n_acc)
-        proposer.extend(step.aux[:, :n_acc + 1])
+        # A proposer that reads no hidden states (prompt lookup) runs without any.
+        proposer.extend(None if step.aux is None else step.aux[:, :n_acc + 1])
         seq.extend(commit)
         new += len(commit)
     out = _finish(seq[len(prompt):], max_new, eos)

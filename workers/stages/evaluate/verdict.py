@@ -1,8 +1,9 @@
 """Why a drafter is accepted or rejected, with the numbers that say so (issue 18).
 
 A verdict that accepts whatever was measured stops nothing: the seeds' drafter reached 1.1%
-acceptance and was served. So "accept" needs both a floor (`min_tau`) and a measured gain
-over the baseline (`min_gain`, by default over an untrained drafter of the same config).
+acceptance and was served. So "accept" needs a floor (`min_tau`), a measured gain over the
+baseline (`min_gain`, by default over an untrained drafter of the same config), and the same
+gain over prompt lookup, the baseline that costs nothing (prompt_lookup.py).
 The diagnostics are what evaluate can count cheaply to explain a low tau: how many of the
 target's reference tokens the drafter cannot propose at all (they are outside its draft
 vocabulary, so no draft at those positions can be accepted), and acceptance per position.
@@ -82,12 +83,34 @@ def verdict(report: dict, p: EvalParams) -> tuple[str, str]:
         (problems if gain < p.min_gain else passed).append(msg)
     elif p.min_gain is not None:
         passed.append("no baseline measured, so the gain over it is not checked")
+    lookup = _prompt_lookup_check(report, p)
+    if lookup is not None:
+        (problems if lookup[0] else passed).append(lookup[1])
     note = _lossless_note(report)
     if report.get("evaluated_on"):  # what the numbers were measured on (issue 27)
         note += f"; measured {report['evaluated_on']}"
     if problems:
         return "reject", "; ".join(problems) + _cause(report) + note
     return "accept", "; ".join(passed) + note
+
+
+def _prompt_lookup_check(report: dict, p: EvalParams) -> tuple[bool, str] | None:
+    """(fails, message) of "beats prompt lookup by min_gain", on greedy speculative decoding
+    (the one measure both have); None when either tau is missing or min_gain is off.
+
+    Prompt lookup needs no training and no GPU-days (docs/STYLE rule 20): a drafter that
+    does not beat it is not worth serving, whatever it gains over an untrained drafter.
+    """
+    pl = report.get("prompt_lookup") or {}
+    tau, pl_tau = report.get("tau"), pl.get("tau")
+    if p.min_gain is None or tau is None or pl_tau is None:
+        return None
+    gain = tau - pl_tau
+    fails = gain < p.min_gain
+    ngrams = f"n-grams {pl.get('prompt_lookup_min')}-{pl.get('prompt_lookup_max')}"
+    return fails, (f"tau {tau:.3f} {'does not beat' if gain <= 0 else 'beats'} prompt "
+                   f"lookup's tau {pl_tau:.3f} by {gain:+.3f} (greedy speculative decoding, "
+                   f"{ngrams}; min_gain {p.min_gain})")
 
 
 def _cause(report: dict) -> str:
@@ -120,4 +143,6 @@ def diagnostics(report: dict, coverage: dict) -> dict:
         or report.get("acceptance_rate_per_position_sim") or [],
         "baseline_acceptance_rate_per_position": base.get("acceptance_rate_per_position")
         or base.get("acceptance_rate_per_position_sim") or [],
+        "prompt_lookup_acceptance_rate_per_position":
+            (report.get("prompt_lookup") or {}).get("acceptance_rate_per_position") or [],
     }

@@ -51,6 +51,15 @@ def _seq_lens(tokenized_path: str, max_samples: int | None) -> list[int]:
     return [len(r) for r in plain.select(range(n))["input_ids"]]
 
 
+def _warn_compute_dtype(dtype: str, backend: str, ctx: StageContext) -> None:
+    """Say when a CPU forward runs in float32 for a half-precision storage dtype (cpu.py)."""
+    from workers.stages.cpu import float32_note
+
+    note = float32_note(dtype) if backend == "hf" else None
+    if note:
+        ctx.warning(note, compute_dtype="float32")
+
+
 def _choose_backend(p: ExtractParams) -> str:
     import torch
 
@@ -122,6 +131,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
         if backend == "hf" else "vllm"
     total_tokens = sum(lens)
     ctx.progress(len(good), len(lens), "samples", stage="extract", force=True)
+    _warn_compute_dtype(p.dtype, backend, ctx)
 
     # From here on the stage writes.
     if stale:

@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 from workers.stages.common import StageError
+from workers.stages.cpu import cpu_compute_dtype
 from workers.stages.extract.backends import ExtractJob, Progress, open_rows, read_input_ids
 from workers.stages.extract.batching import Batch, plan_batches, shard_batches
 from workers.stages.extract.layers import LayerPlan
@@ -29,7 +30,10 @@ def load_decoder(job: ExtractJob, device: str) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    kw: dict[str, Any] = {"dtype": torch_dtype(job.dtype)}
+    # The forward's dtype: the stored one, except float32 on a CPU without native support for
+    # it (workers/stages/cpu.py); the capture buffer casts to the stored dtype either way.
+    compute = cpu_compute_dtype(job.dtype) if device == "cpu" else job.dtype
+    kw: dict[str, Any] = {"dtype": torch_dtype(compute)}
     if job.attn_implementation:
         kw["attn_implementation"] = job.attn_implementation
     if device != "cpu":
