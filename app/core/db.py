@@ -14,7 +14,7 @@ import logging
 
 from fastapi import Request
 from sqlalchemy import create_engine, event, exc, make_url
-from sqlalchemy.engine import CursorResult, Engine, Result
+from sqlalchemy.engine import Connection, CursorResult, Engine, Result
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.clock import db_now, utcnow  # noqa: F401  (the one clock; re-exported)
@@ -144,18 +144,31 @@ def get_engine() -> Engine:
 
 
 @lru_cache
-def get_sessionmaker(read_only: bool = False) -> sessionmaker:
+def _read_engine() -> Engine:
+    """The engine of read-only scopes. On PostgreSQL a read runs without BEGIN and COMMIT (two
+    round trips of the three a one-row read costs): under READ COMMITTED each statement reads
+    its own snapshot in a transaction too, so no read sees anything else. Read-only scopes
+    take no locks and write nothing."""
     eng = get_engine()
-    if not read_only:
-        return sessionmaker(bind=eng, expire_on_commit=False)
     opts: dict = {READ_ONLY: True}
     if eng.dialect.name == "postgresql":
-        # A read runs without BEGIN and COMMIT (two round trips of the three a one-row read
-        # costs): under READ COMMITTED each statement reads its own snapshot in a transaction
-        # too, so no read sees anything else. Read-only scopes take no locks and write nothing.
         opts["isolation_level"] = "AUTOCOMMIT"
-    bind = eng.execution_options(**opts)
-    return sessionmaker(bind=bind, expire_on_commit=False)
+    return eng.execution_options(**opts)
+
+
+@lru_cache
+def get_sessionmaker(read_only: bool = False) -> sessionmaker:
+    return sessionmaker(bind=_read_engine() if read_only else get_engine(),
+                        expire_on_commit=False)
+
+
+@contextmanager
+def read_connection() -> Iterator[Connection]:
+    """A read-only connection without a Session: for the reads every client polls, where a
+    Session and ORM instances cost more than the database (GET /v1/jobs/{id}: ~0.3 ms of
+    its ~0.5 ms here)."""
+    with _read_engine().connect() as conn:
+        yield conn
 
 
 def rowcount(result: Result) -> int:

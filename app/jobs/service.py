@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select, update
+from sqlalchemy import Connection, select, update
 from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
@@ -342,7 +342,7 @@ def list_jobs(session: Session, page: Page, *, status: str | None = None, type_:
     return paginate(session, stmt, Job.id, page)
 
 
-def gpus_of(session: Session, job_ids: list[str]) -> dict[str, list[dict]]:
+def gpus_of(session: Session | Connection, job_ids: list[str]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     if not job_ids:
         return out
