@@ -138,8 +138,10 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
 
 
 def largest_gpu_node(session: Session) -> int:
-    """GPUs of the largest schedulable node (0: no node could run a GPU job now)."""
-    return max((n.total for n in node_states(session)[0] if n.schedulable), default=0)
+    """GPUs of the largest schedulable node (0: no node could run a GPU job now). Nodes and
+    leases only: a job being created in this session need not be flushed for it."""
+    with session.no_autoflush:
+        return max((n.total for n in node_states(session)[0] if n.schedulable), default=0)
 
 
 def no_gpu_node_reason(session: Session, gpus: int) -> str | None:
