@@ -165,8 +165,8 @@ def get_sessionmaker(read_only: bool = False) -> sessionmaker:
 @contextmanager
 def read_connection() -> Iterator[Connection]:
     """A read-only connection without a Session: for the reads every client polls, where a
-    Session and ORM instances cost more than the database (GET /v1/jobs/{id}: ~0.3 ms of
-    its ~0.5 ms here)."""
+    Session and an ORM instance cost a third of a one-row read (~0.18 ms of ~0.5 ms measured
+    here, the round trip itself ~0.15 ms)."""
     with _read_engine().connect() as conn:
         yield conn
 
