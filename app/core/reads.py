@@ -10,6 +10,7 @@ its own keys, no `null`s added)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -26,10 +27,16 @@ class ReadModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# Values `plain` returns as they are without looking further: most fields of a read.
+_ATOMS = frozenset({str, int, float, bool, type(None), datetime})
+
+
 def plain(v: Any) -> Any:
     """A model as the plain values it holds: its set fields in declared order, then extras."""
     if isinstance(v, BaseModel):
-        out = {k: plain(getattr(v, k)) for k in type(v).model_fields if k in v.model_fields_set}
+        set_ = v.model_fields_set
+        out = {k: x if type(x := getattr(v, k)) in _ATOMS else plain(x)
+               for k in type(v).model_fields if k in set_}
         out.update({k: plain(x) for k, x in (v.__pydantic_extra__ or {}).items()})
         return out
     if isinstance(v, list) and v and isinstance(v[0], BaseModel):

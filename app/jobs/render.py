@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from sqlalchemy import Row, bindparam, select
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
-from app.core.db import utcnow
+from app.core.db import read_connection, utcnow
+from app.core.errors import NotFound
 from app.jobs.preemption import HOUR_S, recent
 from app.jobs.schemas import JobRead, PreemptionRead
 from app.jobs.service import gpus_of
@@ -16,7 +18,7 @@ from app.jobs.states import JobStatus as S
 from app.models import Job
 
 
-def preemption_of(job: Job) -> PreemptionRead | None:
+def preemption_of(job: Job | Row) -> PreemptionRead | None:
     """Why the job was last preempted, how often lately, and when it may resume (and be
     preempted again: not while it was preempted preempt_max_per_hour times within an hour)."""
     p = job.preemption
@@ -37,7 +39,8 @@ def preemption_of(job: Job) -> PreemptionRead | None:
     return out
 
 
-def job_model(job: Job, gpus: list[dict] | None = None) -> JobRead:
+def job_model(job: Job | Row, gpus: list[dict] | None = None) -> JobRead:
+    """`job`: the ORM row, or a Core row of the jobs table (`read_job`)."""
     waiting = job.status in WAITING
     return JobRead(
         id=job.id, type=job.type, name=job.name, owner=job.owner_id, status=job.status,
@@ -57,3 +60,17 @@ def job_model(job: Job, gpus: list[dict] | None = None) -> JobRead:
 def job_models(session: Session, jobs: list[Job]) -> list[JobRead]:
     g = gpus_of(session, [j.id for j in jobs if j.status in ACTIVE])
     return [job_model(j, g.get(j.id)) for j in jobs]
+
+
+_BY_ID = select(Job.__table__).where(Job.id == bindparam("id"))
+
+
+def read_job(job_id: str) -> JobRead:
+    """GET /v1/jobs/{id}, the read every client polls: one statement on a read-only
+    connection and the model built from its row, without a Session or an ORM instance."""
+    with read_connection() as conn:
+        row = conn.execute(_BY_ID, {"id": job_id}).first()
+        if row is None:
+            raise NotFound(f"job {job_id} not found", param="id")
+        gpus = gpus_of(conn, [job_id]) if row.status in ACTIVE else {}
+    return job_model(row, gpus.get(job_id))

@@ -18,7 +18,7 @@ from app.core.paths import hider, shown
 from app.core.reads import typed
 from app.jobs import logs, service
 from app.jobs.params import validate_params
-from app.jobs.render import job_model, job_models
+from app.jobs.render import job_model, job_models, read_job
 from app.jobs.schemas import JobCreate, JobList, JobRead, PreemptibleUpdate, PriorityUpdate
 from app.jobs.states import TERMINAL
 
@@ -47,10 +47,8 @@ def list_jobs(*, status: str | None = None, type: str | None = None, owner: str 
 async def get_job(job_id: str, user: CurrentUser):
     # The route every client polls: one hop to the thread pool for the whole read (a sync
     # route with a sync session dependency costs several hops per request).
-    def read() -> JobRead:
-        with unit_of_work(read_only=True) as s:
-            return job_models(s, [service.get_job(s, job_id)])[0]
-    return typed(await run_in_threadpool(read), headers={"Cache-Control": "no-store"}, user=user)
+    return typed(await run_in_threadpool(read_job, job_id), headers={"Cache-Control": "no-store"},
+                 user=user)
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead)

@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from operator import itemgetter
 from pathlib import Path
 from typing import cast
 
@@ -27,9 +28,9 @@ from app.models import Artifact, Gpu, GpuLease, Job
 from app.scheduler import preempt
 from app.scheduler.policy import Usage, Waiting, plan
 from app.storage import reserve
-from app.scheduler.reads import (GPUS, HELD, ID, NEEDS_FP, OWNER, PRIO, QAT, POS, REASON,
-                                 STATUS, cpu_held, node_states, queued_in_order, recent_gpu_hours,
-                                 waiting_rows)
+from app.scheduler.reads import (GPUS, HELD, ID, NEEDS_FP, OWNER, POS, PRIO, QAT, REASON,
+                                 RESERVES_DISK, STATUS, UNSET, cpu_held, node_states,
+                                 queued_in_order, recent_gpu_hours, waiting_rows)
 from contracts.jobtypes import NEVER_REUSE
 
 log = logging.getLogger("draftyard.scheduler")
@@ -154,20 +155,21 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
     most = max((len(nd.free) for nd in nodes if nd.schedulable), default=0)
     only = None if with_reasons else (most, cpu_free > 0,
                                       now.timestamp() - cfg.backfill_bound_s)
-    rows = waiting_rows(session, with_reasons, only)
-    todo = [r[ID] for r in rows if r[STATUS] == S.pending.value or r[NEEDS_FP]]
-    if todo and _promote_and_reuse(session, todo):
-        rows = waiting_rows(session, with_reasons, only)  # some moved on: read them again
     with _gc_paused():
+        rows = waiting_rows(session, with_reasons, only)
+        pending = S.pending.value
+        todo = [r[ID] for r in rows if r[NEEDS_FP] or r[STATUS] == pending]
+        if todo and _promote_and_reuse(session, todo):
+            rows = waiting_rows(session, with_reasons, only)  # some moved on: read them again
         rows = queued_in_order(rows)
         if not rows:
             return []
         now_ts = now.timestamp()
         waiting = [Waiting(r[ID], r[OWNER], r[PRIO], r[GPUS],
-                           now_ts if r[QAT] is None else r[QAT], r[HELD]) for r in rows]
+                           now_ts if r[QAT] == UNSET else r[QAT], r[HELD]) for r in rows]
         hours = recent_gpu_hours(session, now)
         # One more statement, only when a CPU job waits (most decisions place GPU jobs).
-        cpu = cpu_held(session) if any(w.gpus == 0 for w in waiting) else {}
+        cpu = cpu_held(session) if 0 in map(itemgetter(GPUS), rows) else {}
         usage = {o: Usage(held.get(o, 0), hours.get(o, 0.0), cpu.get(o, 0))
                  for o in set(held) | set(hours) | set(cpu)}
         p = plan(waiting, nodes, usage, now=now_ts, quota=cfg.user_gpu_quota,
@@ -175,21 +177,21 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
                  user_cpu_slots=cfg.user_cpu_slots,
                  top=REASONS_TOP if with_reasons else 0, presorted=True,
                  held_for=preempt.held_for({nd.name: nd.holders for nd in nodes}))
-    owners = {r[ID]: r[OWNER] for r in rows}
+    by_id = {r[ID]: r for r in rows}
     # Lease start after the GPU rows were read: a GPU freed by a commit that this pass saw
     # was released before this instant, so the lease history never shows a false overlap.
     now = utcnow()
     sent: list[tuple[str, str]] = []
     todo = p.dispatch if time.monotonic() >= _broker_down_until else []
-    disk = _disk_check(session, todo, p.reasons)
+    disk = _disk_check(session, [t for t in todo if by_id[t[0]][RESERVES_DISK]], p.reasons)
     for job_id, node, idx in todo:
         if job_id in disk:
             continue  # its disk reservation does not fit: it waits, with the reason
-        if _dispatch(session, job_id, owners[job_id], node, idx, now):
+        if _dispatch(session, job_id, by_id[job_id][OWNER], node, idx, now):
             sent.append((job_id, f"gpu.{node}" if idx else "cpu"))
     dispatched(session, [j for j, _ in sent])  # announced like every other change
     if p.gpu_waits:
-        _preempt(session, p, rows, nodes, now, cfg.preempt_max_per_hour)
+        _preempt(session, p, by_id, nodes, now, cfg.preempt_max_per_hour)
     if with_reasons:
         _write_reasons(session, p, rows, {j for j, _, _ in p.dispatch if j not in disk})
     if sent:
@@ -199,7 +201,8 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
 
 def _disk_check(session: Session, todo: list, reasons: dict[str, str]) -> set[str]:
     """Reserve the disk of the jobs about to be placed (app/storage/reserve.py), in order;
-    returns the ones whose reservation does not fit, each with its reason."""
+    returns the ones whose reservation does not fit, each with its reason. `todo`: only
+    the placements of types that reserve (most decisions have none: no statement then)."""
     if not todo:
         return set()
     jobs = {j.id: j for j in session.scalars(select(Job).where(
@@ -214,11 +217,11 @@ def _disk_check(session: Session, todo: list, reasons: dict[str, str]) -> set[st
     return refused
 
 
-def _preempt(session: Session, p, rows, nodes, now, max_per_hour: int) -> None:
+def _preempt(session: Session, p, by_id, nodes, now, max_per_hour: int) -> None:
     """Ask lower-priority preemptible jobs to yield to jobs that wait for GPUs: mark them
     (`preempt_by`); their supervisors SIGTERM the stage, which checkpoints and exits, and
-    workers/runner.py requeues them. Their GPUs go to the waiting job on a later pass."""
-    by_id = {r[ID]: r for r in rows}
+    workers/runner.py requeues them. Their GPUs go to the waiting job on a later pass.
+    `by_id`: the pass's queued rows by job id."""
     waiters = [(j, by_id[j][PRIO], by_id[j][GPUS]) for j in p.gpu_waits if j in by_id]
     taken: dict[str, set[int]] = {}
     for _j, node, idx in p.dispatch:

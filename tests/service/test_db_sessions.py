@@ -64,3 +64,57 @@ def test_get_requests_get_read_only_sessions(database):
         s, gen = _session_of(database, method)
         assert bool(s.connection().get_execution_options().get(READ_ONLY)) is ro, method
         gen.close()
+
+
+def test_reads_on_postgresql_run_without_begin_and_commit(database):
+    """A read-only scope is one round trip a statement: no BEGIN, no COMMIT (READ COMMITTED
+    gives each statement its own snapshot either way); a scope that may write still runs in
+    a transaction."""
+    from psycopg.pq import TransactionStatus
+
+    from app.core.db import unit_of_work
+
+    with unit_of_work(read_only=True) as s:
+        assert s.execute(text("SELECT 1")).scalar() == 1
+        raw = s.connection().connection.driver_connection
+        assert raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
+    with unit_of_work() as s:
+        s.execute(text("SELECT 1"))
+        raw = s.connection().connection.driver_connection
+        assert not raw.autocommit and raw.info.transaction_status == TransactionStatus.INTRANS
+
+
+def test_pooled_connections_are_pinged_only_after_a_rest_or_a_close(database, monkeypatch):
+    """A connection in steady use is taken without a ping; one whose server closed it (here
+    its backend is terminated) is pinged, found dead and replaced, so the caller never sees
+    the dead one; one back from a rest longer than QUIET_S is pinged."""
+    import time
+
+    from app.core import db as dbmod
+    from tests.conftest import _admin_engine
+
+    eng = make_engine(database)
+    pings: list[int] = []
+    real = eng.dialect.do_ping
+    monkeypatch.setattr(eng.dialect, "do_ping", lambda c: (pings.append(1), real(c))[1])
+
+    def pid() -> int:
+        with eng.connect() as c:
+            return c.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    try:
+        first = pid()
+        assert [pid() for _ in range(5)] == [first] * 5 and pings == []
+        admin = _admin_engine()
+        with admin.connect() as c:
+            c.execute(text("SELECT pg_terminate_backend(:p)"), {"p": first})
+            deadline = time.monotonic() + 10
+            while c.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"),
+                            {"p": first}).scalar() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        admin.dispose()
+        second = pid()
+        assert second != first and len(pings) == 1
+        monkeypatch.setattr(dbmod, "QUIET_S", 0.0)
+        assert pid() == second and len(pings) == 2
+    finally:
+        eng.dispose()

@@ -182,3 +182,31 @@ def test_leaving_an_active_state_frees_the_gpus_whoever_moves_the_job(db, user, 
     assert held() == []
     assert all(lease.end_at is not None for lease in
                db.scalars(select(GpuLease).where(GpuLease.job_id == job.id)))
+
+
+def test_a_submit_without_inputs_is_one_insert_already_queued(db, user):
+    """A job with nothing to wait for is written once, already queued, its status events in
+    one statement (no INSERT then UPDATE per submit), and reads as before: created, then
+    queued, with its events in that order and the 'from nothing' event at its creation."""
+    from sqlalchemy import event, select
+
+    from app.models import JobEvent
+
+    seen: list[str] = []
+
+    def log(_conn, _cur, statement, *_):
+        seen.append(" ".join(statement.split()[:3]))
+    conn = db.connection()
+    event.listen(conn, "before_cursor_execute", log)
+    try:
+        job = create_job(db, user, JobCreate(type=JobType.probe, name="once"))
+        db.flush()
+    finally:
+        event.remove(conn, "before_cursor_execute", log)
+    writes = [s for s in seen if s.split()[0] in ("INSERT", "UPDATE")]
+    assert writes == ["INSERT INTO jobs", "INSERT INTO job_events"], seen
+    assert job.status == "queued" and job.created_at <= job.queued_at
+    evs = db.execute(select(JobEvent.data, JobEvent.at).where(JobEvent.job_id == job.id)
+                     .order_by(JobEvent.id)).all()
+    assert [e.data["to"] for e in evs] == ["pending", "queued"]
+    assert evs[0].at == job.created_at and evs[1].at >= job.queued_at

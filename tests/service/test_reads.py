@@ -109,3 +109,47 @@ def test_listing_runs_costs_the_same_queries_for_one_or_many(db, user):
         RunList(data=body, has_more=False, next_after=None)
         counts.append(n[0])
     assert counts[0] == counts[1] <= 2, counts
+
+
+def test_the_polled_job_read_is_the_session_read(database):
+    """GET /v1/jobs/{id} reads its row without a Session (app/jobs/render.read_job): its body
+    is the one the Session's read builds, for a running job with GPUs and a preemption
+    record (GPUs read too) and for a queued one (position and reason shown); an unknown id
+    is the same 404."""
+    from app.core.db import unit_of_work
+    from app.core.errors import NotFound
+    from app.jobs.render import job_models, read_job
+    from app.models import Gpu, Job, Node, User
+
+    uid = new_id("usr")
+    node = f"reads-{uid}"
+    run_id, queued_id = new_id("job"), new_id("job")
+    with unit_of_work() as s:
+        s.add(User(id=uid, name=uid, role="member"))
+        s.add(Node(name=node, alive=False, cpu_slots=0))
+        s.flush()
+        s.add_all([
+            Job(id=run_id, type="probe", owner_id=uid, status="running", priority=50,
+                gpus_requested=2, node=node, inputs={"x": {"job": "job_a"}},
+                params={"steps": 1}, depends_on=[], outputs=[], metrics_summary={},
+                progress={"stage": "probe", "done": 1, "total": 2, "unit": "steps"},
+                preemption={"by": "job_b", "attempt": 1, "history": [1.0]}),
+            Job(id=queued_id, type="probe", owner_id=uid, status="queued", priority=50,
+                gpus_requested=1, inputs={}, params={}, depends_on=[], outputs=[],
+                metrics_summary={}, queue_position=3, pending_reason="waiting for 1 GPUs")])
+        s.flush()
+        s.add_all([Gpu(node=node, index=i, job_id=run_id) for i in (1, 0)])
+    try:
+        with unit_of_work(read_only=True) as s:
+            want = [plain(m) for m in job_models(s, [s.get(Job, run_id), s.get(Job, queued_id)])]
+        got = [plain(read_job(run_id)), plain(read_job(queued_id))]
+        assert got == want
+        assert [g["index"] for g in got[0]["gpus_assigned"]] == [0, 1]
+        assert got[1]["queue_position"] == 3 and got[0]["preemption"]["by"] == "job_b"
+        with pytest.raises(NotFound, match="not found"):
+            read_job(new_id("job"))
+    finally:
+        with unit_of_work() as s:
+            s.query(Node).filter(Node.name == node).delete()
+            s.query(Job).filter(Job.owner_id == uid).delete()
+            s.query(User).filter(User.id == uid).delete()
