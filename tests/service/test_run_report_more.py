@@ -90,8 +90,8 @@ def test_runs_show_names_the_reused_jobs(api, reported_run, reused_run):
 
 def test_evaluate_progress_names_its_phases(api, reported_run):
     """The shared run's evaluate went through its phases (reference answers, target alone,
-    with the drafter, with the baseline, with the prompt lookup, tau_sim, tau_sim baseline): the job's progress names
-    the last one and its place, and `draftyard run --follow` showed it."""
+    with the drafter, with the baseline, with the prompt lookup, tau_sim, tau_sim baseline):
+    the job's progress names the last one and its place, and `draftyard run --follow` showed it."""
     run = reported_run["run"]
     ev = next(j for j in run["jobs"] if j["run_stage"] == "evaluate")
     p = api.get(f"/v1/jobs/{ev['id']}").json()["progress"]
