@@ -292,9 +292,8 @@ def pg_home() -> Path:
 # so a difference between the backends fails the suite. A test of such a module that cannot
 # run embedded says why with `@pytest.mark.postgres_only("...")`; a known difference is
 # `@pytest.mark.both_backends(xfail_embedded="...", raises=TheError)` (strict: it fails once
-# fixed, so the mark goes; `raises`: any other failure still fails). Every `[embedded]` test goes to one xdist group ("embedded"), so a `make test`
-# starts one embedded deployment.
-BACKENDS = ("postgres", "embedded")
+# fixed, so the mark goes; `raises`: any other failure still fails). Every `[embedded]` test
+# goes to one xdist group ("embedded"), so a `make test` starts one embedded deployment.
 EMBEDDED_GROUP = "embedded"
 
 
