@@ -287,7 +287,7 @@ def pg_home() -> Path:
 # ---- the embedded backend (`draftyard up`: SQLite, the filesystem broker) ---------------------
 # The README's first command, and what a one-box team may keep. A module marked
 # `pytestmark = pytest.mark.both_backends` runs each of its tests that uses the deployment's
-# fixtures (`server`, `api`, `worker`, `home`, `member`, `node`) twice: on the session's
+# fixtures (`server`, `api`, `worker`, `home`, `member`, `worker_node`) twice: on the session's
 # PostgreSQL + Redis deployment (`[postgres]`) and on one embedded deployment (`[embedded]`),
 # so a difference between the backends fails the suite. A test of such a module that cannot
 # run embedded says why with `@pytest.mark.postgres_only("...")`; a known difference is
@@ -362,7 +362,7 @@ def worker(backend, request):
 
 
 @pytest.fixture(scope="module")
-def node(backend) -> str:
+def worker_node(backend) -> str:
     """The name of `worker`'s node."""
     from tests.service.stack import Embedded
 

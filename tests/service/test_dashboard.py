@@ -58,7 +58,7 @@ def test_page_is_served_without_a_token(server):
 
 
 @pytest.mark.skipif(not shutil.which("node"), reason="node is needed to run the page's script")
-def test_every_view_renders_against_the_real_api(api, worker, node, server, tmp_path):
+def test_every_view_renders_against_the_real_api(api, worker, worker_node, server, tmp_path):
     done = api.submit(type="probe", name="dash-done",
                       params={"sleep_s": 0.3, "steps": 3, "import_torch": False})
     running = api.submit(type="probe", name="dash-running",
@@ -82,7 +82,7 @@ def test_every_view_renders_against_the_real_api(api, worker, node, server, tmp_
     views = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(views) == {"runs", "jobs", "queue", "nodes", "datasets", "job_done", "job_running"}
     assert done["id"] in views["jobs"] and running["id"] in views["jobs"]
-    assert running["id"] in views["queue"] and node in views["nodes"]
+    assert running["id"] in views["queue"] and worker_node in views["nodes"]
     assert "3/3 steps" in views["job_done"] and "succeeded" in views["job_done"]
     assert "steps/s" in views["job_running"] and "ETA " in views["job_running"]
     assert all("HTTP " not in v and "class=\"err\"" not in v for v in views.values())
