@@ -190,7 +190,7 @@ class Api:
 
 
 @pytest.fixture(scope="session")
-def server(database):
+def pg_server(database):
     """A real API process (uvicorn) on the test database."""
     from app.core.db import unit_of_work
     from app.users.service import ensure_admin
@@ -217,12 +217,12 @@ def server(database):
 
 
 @pytest.fixture(scope="session")
-def api(server) -> Api:
-    return Api(server, (_HOME / "admin_token").read_text().strip())
+def pg_api(pg_server) -> Api:
+    return Api(pg_server, (_HOME / "admin_token").read_text().strip())
 
 
 @pytest.fixture(scope="session")
-def worker(server):
+def pg_worker(pg_server):
     """One worker process (node `w1`, no GPUs) for the session."""
     w = start_worker("w1")
     yield w
@@ -280,8 +280,99 @@ def member(api) -> Api:
 
 
 @pytest.fixture(scope="session")
-def home() -> Path:
+def pg_home() -> Path:
     return _HOME
+
+
+# ---- the embedded backend (`draftyard up`: SQLite, the filesystem broker) ---------------------
+# The README's first command, and what a one-box team may keep. A module marked
+# `pytestmark = pytest.mark.both_backends` runs each of its tests that uses the deployment's
+# fixtures (`server`, `api`, `worker`, `home`, `member`, `worker_node`) twice: on the session's
+# PostgreSQL + Redis deployment (`[postgres]`) and on one embedded deployment (`[embedded]`),
+# so a difference between the backends fails the suite. A test of such a module that cannot
+# run embedded says why with `@pytest.mark.postgres_only("...")`; a known difference is
+# `@pytest.mark.both_backends(xfail_embedded="...", raises=TheError)` (strict: it fails once
+# fixed, so the mark goes; `raises`: any other failure still fails). Every `[embedded]` test
+# goes to one xdist group ("embedded"), so a `make test` starts one embedded deployment.
+EMBEDDED_GROUP = "embedded"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "both_backends(xfail_embedded=None, raises=None): run on "
+                            "PostgreSQL + Redis and on embedded SQLite + filesystem broker "
+                            "(tests/conftest.py)")
+    config.addinivalue_line("markers", "postgres_only(reason): in a both_backends module, run "
+                            "on the PostgreSQL deployment only")
+
+
+def pytest_generate_tests(metafunc):
+    mark = metafunc.definition.get_closest_marker("both_backends")
+    if mark is None or "backend" not in metafunc.fixturenames:
+        return
+    # Every test of the module that uses the deployment is parametrised, its PostgreSQL-only
+    # ones too: an unparametrised one between them would switch the module's `backend` (and
+    # the module fixtures built on it) off and on again.
+    if metafunc.definition.get_closest_marker("postgres_only"):
+        metafunc.parametrize("backend", ["postgres"], indirect=True)
+        return
+    why = mark.kwargs.get("xfail_embedded")
+    xfail = pytest.mark.xfail(strict=True, reason=why, raises=mark.kwargs.get("raises"))
+    embedded = pytest.param("embedded", marks=xfail) if why else "embedded"
+    metafunc.parametrize("backend", ["postgres", embedded], indirect=True)
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """One embedded deployment for the session (tests/service/stack.py Embedded)."""
+    from tests.service.stack import Embedded
+
+    e = Embedded(_HOME / "embedded").start()
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def backend(request) -> str:
+    """Which deployment the test's `server`, `api`, `worker` and `home` are: "postgres"
+    unless the module is marked both_backends."""
+    return getattr(request, "param", "postgres")
+
+
+@pytest.fixture(scope="module")
+def server(backend, request) -> str:
+    """The API's base URL."""
+    if backend == "embedded":
+        return request.getfixturevalue("embedded").url
+    return request.getfixturevalue("pg_server")
+
+
+@pytest.fixture(scope="module")
+def api(backend, request) -> Api:
+    if backend == "embedded":
+        e = request.getfixturevalue("embedded")
+        return Api(e.url, e.token)
+    return request.getfixturevalue("pg_api")
+
+
+@pytest.fixture(scope="module")
+def worker(backend, request):
+    """The deployment's one CPU worker: the session's `w1` process, or the one `draftyard up`
+    started (its own child; None here)."""
+    return None if backend == "embedded" else request.getfixturevalue("pg_worker")
+
+
+@pytest.fixture(scope="module")
+def worker_node(backend) -> str:
+    """The name of `worker`'s node."""
+    from tests.service.stack import Embedded
+
+    return Embedded.node if backend == "embedded" else "w1"
+
+
+@pytest.fixture(scope="module")
+def home(backend, request) -> Path:
+    """The deployment's DRAFTYARD_HOME (its data and model roots are data/ and models/)."""
+    return request.getfixturevalue("embedded").home if backend == "embedded" else _HOME
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -319,7 +410,7 @@ LONG_FIRST = {
     "tests.service.test_scheduling": 58, "tests.service.test_cli": 50,
     "tests.service.test_generate_kill": 48, "tests.stages.test_generate": 41,
     "tests.stages.test_train": 41, "tests.stages.test_demo_target": 36,
-    "tests.service.test_runs_hybrid": 32,
+    "tests.service.test_runs_hybrid": 32, EMBEDDED_GROUP: 50,
 }
 
 
@@ -331,7 +422,15 @@ def _group(item) -> str:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
+        callspec = getattr(item, "callspec", None)
+        if "embedded" in getattr(item, "fixturenames", ()) or \
+                (callspec is not None and callspec.params.get("backend") == "embedded"):
+            if item.get_closest_marker("xdist_group") is not None:  # xdist would join the names
+                raise pytest.UsageError(f"{item.nodeid}: a both_backends module has no "
+                                        "xdist_group of its own (its embedded half runs in "
+                                        f"{EMBEDDED_GROUP!r})")
+            item.add_marker(pytest.mark.xdist_group(EMBEDDED_GROUP))
+        elif item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     items.sort(key=lambda item: -LONG_FIRST.get(_group(item), 0))  # stable: order within kept
 

@@ -3,15 +3,45 @@ name; `workers/` registers them on this same object."""
 
 from __future__ import annotations
 
+import os
+import uuid
 from functools import lru_cache
+from time import monotonic
 
 from celery import Celery
 from kombu import Queue
+from kombu.exceptions import ChannelError
+from kombu.transport import filesystem
+from kombu.utils.encoding import str_to_bytes
+from kombu.utils.json import dumps
 
 from app.core.config import get_settings
 
 RUN_JOB = "draftyard.run_job"
 SCHEDULE = "draftyard.schedule"
+
+
+class _WholeMessages(filesystem.Channel):
+    """kombu's filesystem channel creates a message file under its final name and writes it
+    afterwards: a worker listing the folder in between took the empty file, failed to decode
+    it and stopped ("Unrecoverable error: JSONDecodeError"), and the embedded deployment ran
+    nothing more (tests/test_broker_fs.py). A message is written under a name no
+    queue reads (no dot), then renamed to kombu's name: the rename is atomic, so a reader
+    sees the whole message or none."""
+
+    def _put(self, queue, payload, **kwargs):
+        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"  # kombu's order
+        tmp = os.path.join(self.data_folder_out, f"writing-{uuid.uuid4()}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(str_to_bytes(dumps(payload)))
+            os.replace(tmp, os.path.join(self.data_folder_out, name))
+        except OSError as exc:
+            raise ChannelError(f"Cannot add file {name!r} to directory") from exc
+
+
+class FilesystemTransport(filesystem.Transport):
+    Channel = _WholeMessages
 
 
 @lru_cache
@@ -34,6 +64,7 @@ def celery_app() -> Celery:
         worker_send_task_events=False,
     )
     if s.broker.startswith("filesystem"):
+        conf["broker_transport"] = FilesystemTransport
         d = s.broker_dir
         for sub in ("in", "processed", "control"):
             (d / sub).mkdir(parents=True, exist_ok=True)

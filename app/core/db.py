@@ -36,6 +36,20 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def _refuse_nul(conn, cursor, statement, parameters, context, executemany) -> None:
+    """SQLite stores a NUL character in text where PostgreSQL refuses it ("A string literal
+    cannot contain NUL (0x00) characters."): refuse it here too, as the same DBAPI DataError,
+    so a request answers the same 422 on both backends (app/core/errors.py) and embedded data
+    moves to PostgreSQL as it is. JSON values are bounded at the edge (contracts/bounds.py);
+    this covers plain columns (names, cursors, messages)."""
+    import sqlite3
+
+    for row in (parameters if executemany else (parameters,)):
+        values = row.values() if isinstance(row, dict) else row or ()
+        if any(isinstance(v, str) and "\x00" in v for v in values):
+            raise sqlite3.DataError("A string literal cannot contain NUL (0x00) characters.")
+
+
 def _private_sqlite_file(url: str) -> None:
     """Create the SQLite file 0600 before SQLite does (it would use the umask, often 0644):
     it holds every token hash and job of the team. SQLite gives its -wal and -shm files the
@@ -66,6 +80,7 @@ def make_engine(url: str) -> Engine:
         _private_sqlite_file(url)
         eng = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(eng, "connect", _sqlite_pragmas)
+        event.listen(eng, "before_cursor_execute", _refuse_nul)
 
         @event.listens_for(eng, "begin")
         def _begin(conn):

@@ -27,10 +27,11 @@ def user(db) -> Principal:
 
 
 @pytest.fixture(scope="session")
-def reported_run(api, worker, home, tmp_path_factory) -> dict:
+def reported_run(pg_api, pg_worker, pg_home, tmp_path_factory) -> dict:
     from draftyard import Client
     from workers.stages.tinymodel import build_tiny_target
 
+    api, home = pg_api, pg_home  # a session's run: on the session's PostgreSQL deployment
     admin = Client(api.url, api.token)
     name = f"ana-{uuid.uuid4().hex[:4]}"
     user = admin.create_user(name, "member")

@@ -200,3 +200,77 @@ def running(tag: str, redis_db: int, settings: dict[str, str] | None = None, *,
         yield st
     finally:
         st.close()
+
+
+class Embedded:
+    """`draftyard up` as the README's first command runs it: SQLite and the filesystem broker
+    under a home of its own, the API and one worker (node `local`) started by `up` itself.
+    PostgreSQL's and Redis's URLs are unset and libpq points at a closed port, so nothing of
+    it can reach the servers the rest of the suite uses. The session's second backend
+    (tests/conftest.py `both_backends`)."""
+
+    node = "local"
+
+    def __init__(self, home: Path, settings: dict[str, str] | None = None):
+        self.home = home
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in ("DRAFTYARD_DATABASE_URL", "DRAFTYARD_BROKER_URL")}
+        self.env.update(DRAFTYARD_HOME=str(home), DRAFTYARD_DATA_ROOTS=str(home / "data"),
+                        DRAFTYARD_MODEL_ROOTS=str(home / "models"), PGHOST="127.0.0.1",
+                        PGPORT="1", **(settings or {}))
+        self.url = ""
+        self.token = ""
+        self.proc: _Proc | None = None
+
+    @property
+    def db_url(self) -> str:
+        return f"sqlite:///{self.home / 'draftyard.db'}"
+
+    def start(self, timeout: float = 90) -> "Embedded":
+        for d in ("data", "models"):
+            (self.home / d).mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        self.proc = _Proc([sys.executable, "-m", "app.cli.main", "up", "--port", str(port)],
+                          self.home / "up.log", self.env)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.p.poll() is not None:
+                break
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    self.token = (self.home / "admin_token").read_text().strip()
+                    self._wait_worker(deadline)
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("`draftyard up` did not start:\n" + self.proc.tail())
+
+    def _wait_worker(self, deadline: float) -> None:
+        with httpx.Client(base_url=self.url, timeout=10,
+                          headers={"Authorization": f"Bearer {self.token}"}) as c:
+            while time.time() < deadline:
+                if any(n["name"] == self.node and n["schedulable"]
+                       for n in c.get("/v1/nodes").json()["data"]):
+                    return
+                time.sleep(0.2)
+        raise RuntimeError("the embedded worker did not register:\n" +
+                           (self.home / "worker.log").read_text(errors="replace")[-3000:])
+
+    def close(self) -> None:
+        """Stop `up`, then every process group still running with this home (its worker and
+        the worker's starter and stages live in groups of their own)."""
+        from procgroup import group_alive, groups_where, signal_group
+
+        if self.proc is not None:
+            self.proc.kill(signal.SIGTERM)
+        home = str(self.home)
+        left = groups_where(lambda env: env.get("DRAFTYARD_HOME") == home)
+        for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            for pgid in left:
+                signal_group(pgid, sig)
+            deadline = time.time() + wait_s
+            while left and time.time() < deadline:
+                left = {g for g in left if group_alive(g)}
+                time.sleep(0.1)

@@ -1,8 +1,12 @@
-"""Bad input gets a clear error with the right status; never a 500."""
+"""Bad input gets a clear error with the right status; never a 500. On both backends (tests/
+conftest.py both_backends): what SQLite cannot store or sort must be refused the same way."""
 
 from __future__ import annotations
 
 import httpx
+import pytest
+
+pytestmark = pytest.mark.both_backends
 
 
 def _err(r: httpx.Response, status: int, code: str | None = None) -> dict:

@@ -1,5 +1,6 @@
 """The CLI's dataset/plan/run/runs commands against the real API, worker and a tiny target:
-what a user types, what they read, and the exit codes scripts rely on."""
+what a user types, what they read, and the exit codes scripts rely on; on both backends
+(tests/conftest.py both_backends)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from tests.conftest import REPO
 from tests.service.test_runs import _body as run_body
 from tests.tiny import tiny_target
+
+pytestmark = pytest.mark.both_backends
 
 
 def cli(api, *args, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -49,6 +52,8 @@ def _body(target, ds_id: str, **train) -> dict:
     return body
 
 
+@pytest.mark.postgres_only("13 CPU-s of CLI processes and plans: the CLI only speaks HTTP, and "
+                           "test_runs.py's plan refusals run on both backends")
 def test_plan_and_run_refusals(api, worker, tiny, tmp_path):
     f = tmp_path / "chat.jsonl"
     f.write_text("".join(json.dumps({"messages": [

@@ -1,6 +1,6 @@
 """The dashboard (GET /ui): served without a token, and its script, run by node against the
 real API with a real token, renders every view, a finished job's progress (done/total) and
-a running job's rate and ETA."""
+a running job's rate and ETA; on both backends (tests/conftest.py both_backends)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import httpx
 import pytest
 
 from tests.conftest import wait_for
+
+pytestmark = pytest.mark.both_backends
 
 HARNESS = r"""
 const fs = require("fs");
@@ -56,7 +58,7 @@ def test_page_is_served_without_a_token(server):
 
 
 @pytest.mark.skipif(not shutil.which("node"), reason="node is needed to run the page's script")
-def test_every_view_renders_against_the_real_api(api, worker, server, tmp_path):
+def test_every_view_renders_against_the_real_api(api, worker, worker_node, server, tmp_path):
     done = api.submit(type="probe", name="dash-done",
                       params={"sleep_s": 0.3, "steps": 3, "import_torch": False})
     running = api.submit(type="probe", name="dash-running",
@@ -80,7 +82,7 @@ def test_every_view_renders_against_the_real_api(api, worker, server, tmp_path):
     views = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(views) == {"runs", "jobs", "queue", "nodes", "datasets", "job_done", "job_running"}
     assert done["id"] in views["jobs"] and running["id"] in views["jobs"]
-    assert running["id"] in views["queue"] and "w1" in views["nodes"]
+    assert running["id"] in views["queue"] and worker_node in views["nodes"]
     assert "3/3 steps" in views["job_done"] and "succeeded" in views["job_done"]
     assert "steps/s" in views["job_running"] and "ETA " in views["job_running"]
     assert all("HTTP " not in v and "class=\"err\"" not in v for v in views.values())

@@ -1,4 +1,5 @@
-"""Datasets over HTTP: upload and server-path ingest, limits, mix, delete."""
+"""Datasets over HTTP: upload and server-path ingest, limits, mix, delete; on both backends
+(tests/conftest.py both_backends)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import shutil
 import pytest
 
 from tests.stages.conftest import shared_fixtures
+
+pytestmark = pytest.mark.both_backends
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +81,7 @@ def test_bad_lines_are_reported_not_fatal(api, worker):
     assert d["status"] == "failed" and d["error"]["code"] == "too_many_rejects", d
 
 
+@pytest.mark.postgres_only("starts a second API process on the session's database")
 def test_upload_too_large_is_413_and_nothing_left(api, home, server):
     import subprocess
     import sys

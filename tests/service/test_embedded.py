@@ -1,4 +1,6 @@
-"""Embedded mode (`draftyard up`): SQLite and the filesystem broker, no PostgreSQL or Redis."""
+"""Embedded mode (`draftyard up`): SQLite and the filesystem broker, no PostgreSQL or Redis.
+The session's embedded deployment (tests/conftest.py `embedded`), the one the both_backends
+tests run on too."""
 
 from __future__ import annotations
 
@@ -14,12 +16,34 @@ import pytest
 from tests.conftest import Proc, free_port, wait_for
 
 
+def test_embedded_mode_runs_a_probe_without_postgres_or_redis(embedded):
+    # Its environment names neither server, and libpq points at a closed port
+    # (tests/service/stack.py Embedded): nothing may reach PostgreSQL or Redis.
+    assert "DRAFTYARD_DATABASE_URL" not in embedded.env and embedded.env["PGPORT"] == "1"
+    tok_file = embedded.home / "admin_token"
+    assert stat.S_IMODE(tok_file.stat().st_mode) == 0o600
+    c = httpx.Client(base_url=embedded.url,
+                     headers={"Authorization": f"Bearer {tok_file.read_text().strip()}"})
+    job = c.post("/v1/jobs", json={"type": "probe", "params": {"sleep_s": 0.5, "steps": 3}}).json()
+    final = wait_for(lambda: (j := c.get(f"/v1/jobs/{job['id']}").json())["status"]
+                     in ("succeeded", "failed") and j, 90, 0.3, "probe to finish")
+    assert final["status"] == "succeeded", (final, embedded.proc.tail() if embedded.proc else "")
+    assert final["node"] == embedded.node
+    assert (embedded.home / "draftyard.db").exists()
+    assert final["metrics_summary"]["python"]
+    # The team directory and the run report on SQLite too (issue 16).
+    users = c.get("/v1/users").json()["data"]
+    assert "admin" in [u["role"] for u in users], users
+    r = c.get("/v1/runs/run_nope/report")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "id", r.text
+
+
 def _mode(p) -> int:
     return stat.S_IMODE(os.stat(p).st_mode)
 
 
 @pytest.fixture(scope="module")
-def embedded(tmp_path_factory):
+def own_up(tmp_path_factory):
     """`draftyard up` on a home that exists already, open to everyone (0755, as an earlier
     version or a plain `mkdir` left it), under the usual umask 022."""
     tmp = tmp_path_factory.mktemp("embedded")
@@ -62,26 +86,11 @@ def _finished(c: httpx.Client, job_id: str) -> dict:
                     in ("succeeded", "failed", "cancelled") and j, 90, 0.3, f"{job_id} to end")
 
 
-def test_embedded_mode_runs_a_probe_without_postgres_or_redis(embedded):
-    c, home = embedded.c, embedded.home
-    assert _mode(home / "admin_token") == 0o600
-    job = c.post("/v1/jobs", json={"type": "probe", "params": {"sleep_s": 0.5, "steps": 3}}).json()
-    final = _finished(c, job["id"])
-    assert final["status"] == "succeeded", (final, embedded.proc.tail())
-    assert (home / "draftyard.db").exists()
-    assert final["metrics_summary"]["python"]
-    # The team directory and the run report on SQLite too (issue 16).
-    users = c.get("/v1/users").json()["data"]
-    assert [u["role"] for u in users] == ["admin"], users
-    r = c.get("/v1/runs/run_nope/report")
-    assert r.status_code == 404 and r.json()["error"]["param"] == "id", r.text
-
-
-def test_storage_answers_after_failed_and_cancelled_jobs(embedded):
+def test_storage_answers_after_failed_and_cancelled_jobs(own_up):
     """A failed or cancelled job's scratch is kept for a retry within the TTL: the storage
     plan compares its finished_at, read back from SQLite, with the clock (a 500 when SQLite
     handed back a naive time)."""
-    c = embedded.c
+    c = own_up.c
     failed = c.post("/v1/jobs", json={"type": "probe", "params": {"fail": True}}).json()
     slow = c.post("/v1/jobs", json={"type": "probe", "params": {"sleep_s": 60}}).json()
     wait_for(lambda: c.get(f"/v1/jobs/{slow['id']}").json()["status"] == "running", 60, 0.3,
@@ -90,18 +99,18 @@ def test_storage_answers_after_failed_and_cancelled_jobs(embedded):
     assert _finished(c, failed["id"])["status"] == "failed"
     assert _finished(c, slow["id"])["status"] == "cancelled"
     r = c.get("/v1/storage")
-    assert r.status_code == 200, (r.text, embedded.proc.tail())
+    assert r.status_code == 200, (r.text, own_up.proc.tail())
     for t in ("created_at", "started_at", "finished_at"):
         v = c.get(f"/v1/jobs/{failed['id']}").json()[t]
         assert "T" in v and v.endswith("+00:00"), (t, v)
 
 
-def test_the_home_and_what_is_written_in_it_are_private(embedded):
+def test_the_home_and_what_is_written_in_it_are_private(own_up):
     """0700 folders and 0600 files: the home (tightened at start, with a warning that names
     it), the database, the token, uploads, artifacts, job folders and their logs."""
-    c, home = embedded.c, embedded.home
+    c, home = own_up.c, own_up.home
     assert _mode(home) == 0o700
-    log = embedded.proc.tail(400)
+    log = own_up.proc.tail(400)
     assert str(home) in log and "0700" in log, log
     r = c.post("/v1/datasets", files={"file": ("chat.jsonl", b'{"prompt": "hi"}\n' * 8)},
                data={"name": "private"})
@@ -140,7 +149,7 @@ def test_timestamps_read_back_aware_utc_on_sqlite(tmp_path, monkeypatch):
     from app.models import Job, User
     from app.storage import retention
 
-    url = f"sqlite:///{tmp_path / 'embedded.db'}"
+    url = f"sqlite:///{tmp_path / 'own_up.db'}"
     upgrade_head(url)
     eng = make_engine(url)
     plus2 = datetime(2026, 1, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))

@@ -1,5 +1,6 @@
 """A team's first day (issue 27) through the real service: a GPU job or run stage with no node
-to run on says so at once; names where users think in names; errors that name the cause."""
+to run on says so at once; names where users think in names; errors that name the cause. On
+both backends (tests/conftest.py both_backends)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.tiny import counting_records, ingested, tiny_target, write_jsonl
+
+pytestmark = pytest.mark.both_backends
 
 
 @pytest.fixture(scope="module")

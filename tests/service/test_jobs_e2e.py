@@ -1,4 +1,5 @@
-"""A probe job through the real API, Redis broker, Celery worker and a supervised child."""
+"""A probe job through the real API, broker (Redis, or the filesystem's in embedded mode),
+Celery worker and a supervised child, on both backends (tests/conftest.py both_backends)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import os
 import signal
 import time
 
+import pytest
+
 from tests.conftest import wait_for
+
+pytestmark = pytest.mark.both_backends
 
 
 def test_probe_runs_to_success_with_events_log_and_progress(api, worker):
@@ -128,6 +133,7 @@ def test_a_stage_killed_from_outside_is_retried_once_then_fails_naming_signal_an
     print("the job's error:", msg)
 
 
+@pytest.mark.postgres_only("sends the duplicates in-process, through the session's broker")
 def test_duplicate_delivery_runs_once(api, worker, home):
     from app.core.broker import send_run_job
 

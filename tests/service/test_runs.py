@@ -1,6 +1,7 @@
 """Runs and plans through the real service: the whole chain on a tiny target, a plan that
 names the records a template breaks, cancel during train and a retry that reuses finished
-stages and resumes training."""
+stages and resumes training. The plan and refusal tests run on both backends (tests/
+conftest.py both_backends)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 from tests.conftest import wait_for
 from tests.stages.conftest import shared_fixtures
 from tests.tiny import ingested, write_jsonl
+
+pytestmark = pytest.mark.both_backends
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +104,7 @@ def test_plan_checks_layers_disk_and_thinking(api, worker, target, home):
     assert checks["records_render"]["ok"]
 
 
+@pytest.mark.postgres_only("reads PostgreSQL's pg_stat_activity")
 def test_the_plan_of_a_run_holds_no_db_transaction(api, worker, target, home):
     """POST /v1/runs runs the plan (seconds, up to 120) before its transaction begins: no
     connection of the API sits idle in a transaction meanwhile (in embedded mode that
@@ -159,6 +163,7 @@ def _gpus_of(api, node: str) -> list:
     return [g["job_id"] for g in n["gpus"]]
 
 
+@pytest.mark.postgres_only("a second worker, declaring a GPU")
 def test_cancel_run_during_train_then_retry_reuses_and_resumes(api, worker, target, home,
                                                                gpu_node):
     """Train holds a declared GPU. Cancel during train: train and the waiting evaluate end
@@ -211,6 +216,7 @@ def test_cancel_run_during_train_then_retry_reuses_and_resumes(api, worker, targ
 
 # slow (74 s): reuse of every stage is also exercised by the cancel/retry run test above.
 @pytest.mark.slow
+@pytest.mark.postgres_only("long (slow), and the cancel/retry run covers reuse")
 def test_same_run_again_reuses_every_stage_unless_forced(api, worker, target, home):
     ds = _dataset(api, home, "reuse", _records(12))
     body = _body(target, ds, name="reuse")
