@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from app.artifacts.routes import router as artifacts
 from app.cluster.routes import router as cluster
 from app.cluster.shared import announce
+from app.core.auth import caller_before_body
 from app.core.config import get_settings
 from app.core.errors import ERROR_RESPONSES, install_handlers
 from app.core.jsonresp import SafeJSONResponse
@@ -63,7 +64,7 @@ def create_app() -> FastAPI:
     # dashboard router serves /docs from local files instead.
     app = FastAPI(title="draftyard", version="0.1.0", default_response_class=SafeJSONResponse,
                   docs_url=None, redoc_url=None, lifespan=lifespan)
-    install_handlers(app)
+    install_handlers(app, caller_before_body)
     app.add_middleware(BodyLimitMiddleware)  # inside RequestId: its 413 gets an id too
     app.add_middleware(RequestIdMiddleware)
     for r in (health, dashboard):

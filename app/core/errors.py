@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -97,6 +98,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": why} for code, why in _WHY.items()}
 
 
+# Raises Unauthorized when a request lacks the token its route needs (app/core/auth.py).
+CallerCheck = Callable[[Request], Awaitable[None]]
+
+
 def error_body(code: str, message: str, param: str | None = None, details: Any = None) -> dict:
     return {"error": {"code": code, "message": message, "param": param, "details": details}}
 
@@ -121,13 +126,12 @@ def _unavailable(exc: OperationalError) -> SafeJSONResponse:
                             status_code=503)
 
 
-async def _caller_first(req: Request) -> SafeJSONResponse | None:
+async def _caller_first(req: Request, check: CallerCheck) -> SafeJSONResponse | None:
     """The 401 (or 503) a request whose body could not be parsed gets before its 400, when
-    its route needs a token it lacks (app/core/auth.caller_before_body); None: go on."""
-    from app.core.auth import caller_before_body  # here: app.core.auth imports this module
-
+    its route needs a token it lacks (`check`: app/core/auth.caller_before_body, passed in by
+    app/main.py since auth imports this module); None: go on."""
     try:
-        await caller_before_body(req)
+        await check(req)
     except ApiError as e:
         return _rendered(e)
     except OperationalError as e:
@@ -135,7 +139,7 @@ async def _caller_first(req: Request) -> SafeJSONResponse | None:
     return None
 
 
-def install_handlers(app: FastAPI) -> None:
+def install_handlers(app: FastAPI, caller_check: CallerCheck) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError):
         return _rendered(exc)
@@ -152,7 +156,7 @@ def install_handlers(app: FastAPI) -> None:
                                   status_code=BOUND_ERRORS[bound["type"]])
         # A body that is not JSON at all is a 400; JSON of the wrong shape is a 422.
         if any(e.get("type") in ("json_invalid", "json_type") for e in errs):
-            if (refused := await _caller_first(_req)) is not None:
+            if (refused := await _caller_first(_req, caller_check)) is not None:
                 return refused
             e = errs[0]
             return SafeJSONResponse(error_body("malformed_json", f"request body is not valid JSON: "
@@ -175,7 +179,7 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(req: Request, exc: StarletteHTTPException):
         # FastAPI's "error parsing the body" (not UTF-8, a broken form): the token first too.
-        if exc.status_code == 400 and (refused := await _caller_first(req)) is not None:
+        if exc.status_code == 400 and (refused := await _caller_first(req, caller_check)) is not None:
             return refused
         code = getattr(exc, "code", None) or {
             404: "not_found", 405: "method_not_allowed", 401: "unauthorized",

@@ -57,8 +57,8 @@ def test_sigkill_worker_mid_generate_then_retry_every_record_once(api, worker, h
     gpu_workers.start("gk2")  # the reaper finds gk1 lost and requeues the job; gk2 runs attempt 2
     j = api.wait_job(job["id"], timeout=400)
     assert j["status"] == "succeeded", j
-    assert j["attempt"] == 2 and j["node"] == "gk2"
-    evs = api.get(f"/v1/jobs/{job['id']}/events").json()["data"]
+    evs = api.get(f"/v1/jobs/{job['id']}/events?limit=1000").json()["data"]
+    assert j["attempt"] == 2 and j["node"] == "gk2", [e for e in evs if e["kind"] == "status"]
     assert any("worker on node gk1 lost; requeued" in e["data"].get("reason", "")
                for e in evs if e["kind"] == "status")
 

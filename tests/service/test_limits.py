@@ -150,11 +150,17 @@ def test_concurrent_plans_are_bounded(small):
     with small.client() as c:
         tgt = c.post("/v1/targets", json={"name": "m", "path": "m"})
         assert tgt.status_code == 201, tgt.text
+        # The body's references are checked before a slot is taken (app/runs/names.py): a
+        # dataset that exists, so the answer is the slot's.
+        ds = c.post("/v1/datasets", files={"file": ("p.jsonl", b'{"prompt": "hi"}\n')},
+                    data={"name": "plan-slots"})
+        assert ds.status_code == 201, ds.text
         (small.home / "plans").mkdir(exist_ok=True)
         with open(small.home / "plans" / "slot-0.lock", "a") as held:  # the one slot, busy
             fcntl.flock(held, fcntl.LOCK_EX)
             r = c.post("/v1/plans", json={"name": "p", "target_id": tgt.json()["id"],
-                                          "dataset_id": "ds_x", "drafter": {"type": "dflash"}})
+                                          "dataset_id": ds.json()["id"],
+                                          "drafter": {"type": "dflash"}})
         _err(r, 429, "too_many_plans")
 
 
