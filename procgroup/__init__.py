@@ -404,7 +404,7 @@ def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
         proc.wait(timeout=10)
 
 
-class Attempt:
+class AttemptProcesses:
     """The processes of one attempt of a job (what the worker's supervisor starts): `start`
     first kills whatever an earlier attempt of the job left, then starts the stage with the
     attempt's tag and the supervisor's pid (watch_parent) in its environment; `sweep`, once

@@ -49,10 +49,10 @@ from app.jobs.service import add_event
 from app.models import Job
 from app.scheduler.reaper import give_up_s
 from app.jobs.states import JobStatus as S
-from procgroup import ARGV_SLOT, PARENT_ENV, TAG_ENV, TAG_SLOT, Attempt, signal_group
+from procgroup import ARGV_SLOT, PARENT_ENV, TAG_ENV, TAG_SLOT, AttemptProcesses, signal_group
 from procgroup.memory import PeakMemory
 from procgroup.warm import WarmChild, WarmStarter
-from workers.attempt import Attempt as JobAttempt
+from workers.attempt import Attempt
 from workers.stages.starter import DATA_STAGES, MODEL_STAGES
 from workers.stages.threads import threads_env
 
@@ -222,7 +222,7 @@ class StageOutcome:
 
 
 class Supervisor:
-    def __init__(self, att: JobAttempt):
+    def __init__(self, att: Attempt):
         """Supervise one attempt (workers/attempt.py: what to start, where it reports)."""
         self.job_id = att.job_id
         self.attempt: int | None = att.number
@@ -241,7 +241,7 @@ class Supervisor:
         self.result: dict | None = None
         self.artifacts: list[dict] = []
         self.proc: subprocess.Popen | WarmChild | None = None
-        self.processes = Attempt(str(self.settings.home), att.job_id, att.number)
+        self.processes = AttemptProcesses(str(self.settings.home), att.job_id, att.number)
         self.memory = PeakMemory(self.processes.tag)
         self._signalled = False  # whether we (cancel, preemption, stop, fence) signalled it
 

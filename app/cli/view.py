@@ -9,10 +9,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
+from app.jobs.states import TERMINAL
 from draftyard import NotFound
 
 console = Console()
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def describe(e) -> str:

@@ -14,7 +14,7 @@ from app.core.errors import Forbidden, NotFound
 from app.cluster.schemas import NodeGpu, NodeRead, QueueRead, QueueUser
 from app.jobs.lifecycle import queue_changed
 from app.jobs.render import job_models
-from app.jobs.states import ACTIVE, WAITING
+from app.jobs.states import LEASED, WAITING
 from app.models import Gpu, Job, Node, User
 from app.scheduler.reads import usage_by_owner
 
@@ -94,7 +94,7 @@ def nodes_view(session: Session) -> list[NodeRead]:
 
 def queue_view(session: Session) -> QueueRead:
     active = list(session.scalars(select(Job).where(
-        Job.status.in_(ACTIVE)).order_by(Job.started_at)))
+        Job.status.in_(LEASED)).order_by(Job.started_at)))
     waiting = list(session.scalars(select(Job).where(Job.status.in_(WAITING))
                                    .order_by(Job.queue_position.is_(None), Job.queue_position,
                                              Job.created_at).limit(500)))

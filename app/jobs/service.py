@@ -21,7 +21,7 @@ from app.jobs.inputs import InputDeleted, Unresolved, resolve_ref
 from app.jobs.lifecycle import announce, queue_changed
 from app.jobs.preemption import recent
 from app.jobs.schemas import JobCreate
-from app.jobs.states import ACTIVE, TERMINAL, IllegalTransition, JobStatus, check
+from app.jobs.states import LEASED, TERMINAL, IllegalTransition, JobStatus, check
 from app.models import Artifact, Dataset, Gpu, GpuLease, Job, JobEvent, Target, User
 from app.storage.reserve import check_quota
 from app.users.service import check_priority
@@ -72,7 +72,7 @@ def _after(session: Session, job: Job, old: str, new: S) -> None:
     """What every status change does once the row says `new`: a job leaving an active state
     gives its GPUs back (before the subscribers run: the scheduler they wake sees them free),
     then the change is announced."""
-    if old in ACTIVE and new not in ACTIVE:
+    if old in LEASED and new not in LEASED:
         _release_gpus(session, job.id)
     announce(session, job, old, new.value)
 

@@ -27,7 +27,7 @@ from app.core.config import get_settings
 from app.cluster.service import first_live_node
 from app.core.db import db_now, unit_of_work
 from app.jobs.service import requeue, transition
-from app.jobs.states import ACTIVE
+from app.jobs.states import LEASED
 from app.jobs.states import JobStatus as S
 from app.models import Job, Node
 from app.scheduler.service import try_lock
@@ -58,7 +58,7 @@ def reap(session: Session) -> list[str]:
     # FOR UPDATE SKIP LOCKED: a worker finishing the job holds its row; re-read after the
     # lock, so a job that just ended is not requeued on a stale read.
     stale = [j for j in session.scalars(
-        select(Job).where(Job.status.in_(ACTIVE), Job.heartbeat_at < cutoff)
+        select(Job).where(Job.status.in_(LEASED), Job.heartbeat_at < cutoff)
         .with_for_update(skip_locked=True))
         if j.status == S.dispatched.value or j.heartbeat_at < fenced]
     return _move_on(session, stale, "lost")
@@ -69,7 +69,7 @@ def requeue_node(session: Session, node: str, worker: str | None = None) -> list
     incarnation held there are dead; requeue them now, not after fence_s. `worker`: this
     incarnation's id (its own jobs, if any, are left alone)."""
     jobs = [j for j in session.scalars(
-        select(Job).where(Job.status.in_(ACTIVE), Job.node == node)
+        select(Job).where(Job.status.in_(LEASED), Job.node == node)
         .with_for_update(skip_locked=True)) if worker is None or j.worker != worker]
     return _move_on(session, jobs, "restarted")
 
