@@ -108,13 +108,6 @@ def reap_unattended(session: Session) -> list[str] | None:
     return reap(session)
 
 
-def unattended_bound_s(settings=None) -> float:
-    """How long after its worker's last heartbeat a running job is requeued when no worker is
-    left: fence_s (the stage is surely dead by then) plus one tick of the API's reaper."""
-    s = settings or get_settings()
-    return fence_s(s) + s.heartbeat_s
-
-
 class ApiReaper:
     """A thread of each API process (started and stopped by app.main) that reaps lost jobs
     and frees their GPUs while no worker is alive, every `heartbeat_s`."""

@@ -18,7 +18,7 @@ not grow with the file.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,13 +139,6 @@ class DatasetWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def write_dataset(folder: Path | str, records: Iterable[dict]) -> int:
-    with DatasetWriter(folder) as w:
-        for r in records:
-            w.write(r)
-    return w.count
 
 
 def open_parquet(source) -> pq.ParquetFile:

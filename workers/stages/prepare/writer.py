@@ -53,12 +53,6 @@ def flatten_rows(input_ids: list[np.ndarray], loss_masks: list[np.ndarray]
             np.concatenate(loss_masks) if loss_masks else empty)
 
 
-def rows_to_batch(ids: list[str], input_ids: list[np.ndarray], loss_masks: list[np.ndarray]
-                  ) -> pa.RecordBatch:
-    """Build a record batch from per-row arrays without a per-token Python loop."""
-    return flat_to_batch(ids, *flatten_rows(input_ids, loss_masks))
-
-
 def flat_to_batch(ids: list[str], lengths: np.ndarray, flat_ids: np.ndarray,
                   flat_mask: np.ndarray) -> pa.RecordBatch:
     """A record batch from the rows' lengths and their ids and masks end to end, of any
