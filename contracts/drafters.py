@@ -48,7 +48,7 @@ class DFlashOptions(DrafterOptions):
     # Anchors sampled per packed row (speculators' --max-anchors, default 512).
     num_anchors: int = 512
     # The mask token; None = the tokenizer's mask token, else a spare embedding slot, else
-    # pad/eos (Qwen3's tokenizer fills its embedding, FIELD-NOTES in docs/).
+    # pad/eos (Qwen3's tokenizer fills its embedding, docs/FIELD-NOTES.md).
     mask_token_id: int | None = None
 
     def speculative_tokens(self) -> int:

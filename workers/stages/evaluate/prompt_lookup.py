@@ -1,4 +1,4 @@
-"""Prompt lookup: the free baseline every trained drafter must beat (docs/STYLE rule 20).
+"""Prompt lookup: the free baseline every trained drafter must beat (docs/STYLE.md rule 20).
 
 The n-gram proposer of vLLM's `ngram` speculative method (vllm/v1/spec_decode/
 ngram_proposer.py, `_find_longest_matched_ngram_and_propose_tokens`), re-stated plainly: over

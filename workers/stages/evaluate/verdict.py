@@ -98,7 +98,7 @@ def _prompt_lookup_check(report: dict, p: EvalParams) -> tuple[bool, str] | None
     """(fails, message) of "beats prompt lookup by min_gain", on greedy speculative decoding
     (the one measure both have); None when either tau is missing or min_gain is off.
 
-    Prompt lookup needs no training and no GPU-days (docs/STYLE rule 20): a drafter that
+    Prompt lookup needs no training and no GPU-days (docs/STYLE.md rule 20): a drafter that
     does not beat it is not worth serving, whatever it gains over an untrained drafter.
     """
     pl = report.get("prompt_lookup") or {}
