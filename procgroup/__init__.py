@@ -1,6 +1,6 @@
 """The one process-lifecycle module: every process draftyard starts (workers/ and app/ call
 `spawn`, nothing else), children that die with their parent, stopping a child with everything
-it started, and the rule that nothing a job starts outlives it (issue 24).
+it started, and the rule that nothing a job starts outlives it (docs/STYLE.md rule 17).
 
 Standard library only, so app/ and workers/stages/ may both import it (tests/test_layering.py).
 
