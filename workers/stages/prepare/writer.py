@@ -21,7 +21,7 @@ metadata), a new shard once the next batch would pass `max_shard_size`. The shar
 known only at the end, so shards are written as `.shard-<i>.arrow.part` and `finish` renames
 them to `data-<i>-of-<N>.arrow` and writes `state.json` and `dataset_info.json`. Memory stays
 one batch whatever the number of rows (the earlier scratch file + `Dataset.from_file` +
-`save_to_disk` memory-mapped the whole set: 4.7 GB of RSS at 800K records, issue 22).
+`save_to_disk` memory-mapped the whole set: 4.7 GB of RSS at 800K records).
 """
 
 from __future__ import annotations
