@@ -103,7 +103,7 @@ def queue_view(session: Session) -> QueueRead:
     counts = {o: (int(n), int(g or 0)) for o, n, g in session.execute(
         select(Job.owner_id, func.count(), func.sum(Job.gpus_requested))
         .where(Job.status.in_(WAITING)).group_by(Job.owner_id))}
-    # jobs running per owner (CPU jobs too: the table was empty while one ran, issue 27)
+    # jobs running per owner (CPU jobs too: the table was empty while one ran)
     running: dict[str, int] = {}
     for j in active:
         running[j.owner_id] = running.get(j.owner_id, 0) + 1

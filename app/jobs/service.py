@@ -407,8 +407,8 @@ def gpus_of(session: Session | Connection, job_ids: list[str]) -> dict[str, list
 
 def events(session: Session, job_id: str, after_seq: int = 0, limit: int = 1000) -> list:
     """A page of the job's events as rows (`id`, `at`, `kind`, `data`): columns, not ORM
-    objects, since a page is up to 10,000 of them and nothing is written back (issue 22:
-    a 1000-event page of a job with 100K events)."""
+    objects, since a page is up to 10,000 of them and nothing is written back
+    (a 1000-event page of a job with 100K events)."""
     return list(session.execute(select(JobEvent.id, JobEvent.at, JobEvent.kind, JobEvent.data)
                                 .where(JobEvent.job_id == job_id, JobEvent.id > after_seq)
                                 .order_by(JobEvent.id).limit(limit)))

@@ -21,7 +21,7 @@ jobs after it, which is what lets `could_matter` leave such jobs out of a placem
 
 CPU slots (jobs with gpus=0) go in the same order, but while another user's CPU job waits, no
 user holds more than `user_cpu_slots` of them (default: all but one), so one user's long
-probes cannot starve everyone's ingests (issue 17 item 5); a user alone may use them all.
+probes cannot starve everyone's ingests; a user alone may use them all.
 
 Placement is best fit (the node with the fewest free GPUs that still fits), which keeps
 whole nodes free for big jobs. A GPU is handed out at most once per plan.

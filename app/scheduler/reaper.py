@@ -1,7 +1,7 @@
 """Returns the GPUs of jobs whose worker is gone and requeues them (bounded attempts,
 infrastructure faults only) or fails them with `worker_lost`.
 
-Never twice (issue 17): a lease passes to a new attempt only when the old attempt's processes
+Never twice: a lease passes to a new attempt only when the old attempt's processes
 are surely dead, never on a guess. Two facts make that sure:
 - a supervisor that cannot heartbeat for `give_up_s` kills its stage's process group and
   gives up (workers/supervisor.py), and a stage dies with its worker process
@@ -97,7 +97,7 @@ def _move_on(session: Session, jobs: list[Job], why: str) -> list[str]:
     return [j.id for j in jobs]
 
 
-# ---- the API's reaper: when no worker is alive (issue 26 item 4) -------------------------
+# ---- the API's reaper: when no worker is alive -------------------------
 
 def reap_unattended(session: Session) -> list[str] | None:
     """Reap when no worker node is alive to do it (a worker's housekeeping reaps while one

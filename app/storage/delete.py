@@ -1,4 +1,4 @@
-"""Deleting artifacts to tombstones (issue 23): the files go, the row stays with `deleted_at`,
+"""Deleting artifacts to tombstones: the files go, the row stays with `deleted_at`,
 who deleted it and the bytes freed, so lineage and reports still read.
 
 Crash safety is the order, mark then remove: the tombstone commits first, and only after the

@@ -1,4 +1,4 @@
-"""Disk as a leased resource (issue 23): a job that will write a known amount reserves it on
+"""Disk as a leased resource: a job that will write a known amount reserves it on
 its volume when the scheduler places it, like a GPU lease, and the reservation ends with the
 job's placement (its `disk_bytes` count while it is dispatched, running or cancelling). A job
 whose reservation does not fit stays queued with the reason instead of starting and failing

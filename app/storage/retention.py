@@ -1,4 +1,4 @@
-"""Retention (issue 23): what draftyard removes by itself, and when.
+"""Retention: what draftyard removes by itself, and when.
 
 What outlives what:
 - A published artifact lives until someone deletes it (app/storage/delete.py), except an

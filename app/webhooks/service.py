@@ -1,4 +1,4 @@
-"""Webhooks per user (issue 16): registration, the outbox of deliveries written in the same
+"""Webhooks per user: registration, the outbox of deliveries written in the same
 transaction as the state change that causes them, and the delivery log.
 
 Events: job.succeeded|failed|cancelled|preempted and run.succeeded|failed|cancelled, sent
