@@ -102,7 +102,7 @@ bench: install services
 	@for b in bench/[!_]*.py; do case $$b in bench/scale.py|bench/scale_compute.py) continue;; esac; echo "== $$b"; \
 		$(PY) $$b || exit 1; done
 
-# The seeds' scale (issue 22): the data plane at N = 12.5K..800K through the API. Hours on a
+# The seeds' scale: the data plane at N = 12.5K..800K through the API. Hours on a
 # 2-core machine, so not part of `make bench`; SIZES=300 for a quick look.
 SIZES ?= 12500,50000,200000,800000
 bench-scale: install services

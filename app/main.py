@@ -47,7 +47,7 @@ def create_app() -> FastAPI:
         # The webhook outbox is sent from the API process; pending deliveries are in the DB,
         # so a restarted API picks up where the last one stopped.
         announce(get_settings())  # the shared folder's marker (app/cluster/shared.py)
-        # Lost jobs are reaped here too while no worker is alive to do it (issue 26 item 4).
+        # Lost jobs are reaped here too while no worker is alive to do it.
         sender, reaper = Sender(), ApiReaper()
         sender.start()
         reaper.start()

@@ -36,7 +36,7 @@ def _webhooks(session: Session, ev: StatusChanged) -> None:
 
 def _say_no_node_fits(session: Session, ev: StatusChanged) -> None:
     """A GPU job on a deployment with no node for it says so at submit, not at the next
-    scheduler pass (issue 27); the scheduler keeps the same reason while nothing changes."""
+    scheduler pass; the scheduler keeps the same reason while nothing changes."""
     if ev.old is None and (why := no_gpu_node_reason(session, ev.job.gpus_requested)):
         ev.job.pending_reason = why
         add_event(session, ev.job.id, "warning", {"message": why})

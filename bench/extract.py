@@ -68,7 +68,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    from contracts.extract import VllmParams
+    from contracts.extract import ExtractVllmParams
     from workers.stages.common import StageContext
     from workers.stages.extract import run
     from workers.stages.extract.backends import ExtractJob, open_rows
@@ -103,7 +103,7 @@ def main() -> None:
     job = ExtractJob(tokenized_path=str(tok), target={"path": str(target)}, layers=plan,
                      dtype=a.dtype, batch_tokens=a.batch_tokens, batch_mode="padded",
                      attn_implementation=None, folder=tmp / "bench_hs", work_dir=tmp,
-                     workers=1, vllm=VllmParams())
+                     workers=1, vllm=ExtractVllmParams())
     batches = plan_batches(list(enumerate(lens)), a.batch_tokens, "padded")
     ex = HFExtractor(job, "cpu")
     _m, bare_decoder = load_decoder(job, "cpu")  # same weights, no hooks

@@ -91,7 +91,7 @@ def stage_run(model_dir: Path, prompts: list[str], max_tokens: int, batch: int,
 
     from workers.stages.common import StageContext
     from workers.stages.generate import run
-    from workers.stages.records import write_dataset
+    from tests.stages.records_support import write_dataset
 
     write_dataset(root / "in", [{"id": f"p{i:05d}", "source": f"bench:{i}",
                                  "messages": [{"role": "user", "content": p}]}

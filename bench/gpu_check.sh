@@ -148,7 +148,7 @@ make_run() {  # $1 run dir, $2 port
     "$PY" - "$1" "$MODEL" "$VLLM_BIN" "$2" <<'PY' || fail "writing the dataset/spec failed"
 import json, sys
 from pathlib import Path
-from workers.stages.records import write_dataset
+from tests.stages.records_support import write_dataset
 run, model, vllm_bin, port = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 recs = []
 for i in range(24):

@@ -99,7 +99,7 @@ def main() -> None:
     from workers.stages.common import StageContext
     from workers.stages.prepare import run
     from workers.stages.prepare.masks import build_masker, load_tokenizer
-    from workers.stages.records import write_dataset
+    from tests.stages.records_support import write_dataset
     from workers.stages.tinymodel import qwen3_tokenizer_dir
 
     tok_dir = qwen3_tokenizer_dir()

@@ -1,6 +1,6 @@
 """Bounds on the free-form JSON a client may store (job inputs and params, run stages, chat
 template kwargs): checked at the edge, before anything is written, because a stored value that
-cannot be rendered again breaks every listing that shows it (issue 17 item 3: JSON nested ~250
+cannot be rendered again breaks every listing that shows it (JSON nested ~250
 deep was stored, and orjson, which refuses more than 255 levels, made `GET /v1/jobs` a 500 for
 everyone).
 

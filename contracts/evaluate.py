@@ -38,7 +38,7 @@ class EvalParams(BaseModel):
     # Override template text and kwargs (e.g. enable_thinking) for rendering dataset prompts.
     chat_template: str | None = None
     chat_template_kwargs: dict = Field(default_factory=dict)
-    # The verdict (the job itself still succeeds either way, issue 18): "accept" only when
+    # The verdict (the job itself still succeeds either way): "accept" only when
     # tau >= min_tau AND tau beats the baseline's tau by at least min_gain; None switches a
     # check off. 1.5: below 1.5 tokens per target forward, drafting plus verifying K+1
     # tokens rarely pays for itself (trained DFlash drafters reach 3-6; the demo 5.3).

@@ -15,7 +15,7 @@ from contracts.vllm import VllmOptions
 DEFAULT_MARGIN_BYTES = 1 << 30
 
 
-class VllmParams(VllmOptions):
+class ExtractVllmParams(VllmOptions):
     """How the stage runs its own vLLM server on the leased GPUs (backend vllm), private to
     the stage (127.0.0.1); which vLLM runs is the server's setting. It serves in `dtype`."""
 
@@ -57,7 +57,7 @@ class ExtractParams(BaseModel):
     # hf backend: data-parallel worker processes, one per device. None: one per visible
     # CUDA device (1 on CPU).
     workers: int | None = Field(None, ge=1)
-    vllm: VllmParams = Field(default_factory=VllmParams)
+    vllm: ExtractVllmParams = Field(default_factory=ExtractVllmParams)
 
     @field_validator("layer_ids")
     @classmethod

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from contracts.vllm import VllmServeOptions
 
 
-class VllmParams(VllmServeOptions):
+class GenerateVllmParams(VllmServeOptions):
     """How the stage serves the target; which vLLM runs is the server's setting."""
 
     tensor_parallel_size: int = Field(1, ge=1)
@@ -54,7 +54,7 @@ class GenerateParams(BaseModel):
     # Records finished per shard in work_dir: what a kill can lose at most. None: 4 HF batches
     # or 8 x the vLLM concurrency.
     shard_records: int | None = Field(None, ge=1)
-    vllm: VllmParams = Field(default_factory=VllmParams)
+    vllm: GenerateVllmParams = Field(default_factory=GenerateVllmParams)
 
     @model_validator(mode="after")
     def _check(self) -> "GenerateParams":

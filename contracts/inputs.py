@@ -1,4 +1,4 @@
-"""The typed inputs of every job type (issue 17 item 3): which names a job takes, which are
+"""The typed inputs of every job type: which names a job takes, which are
 required, and the shape of each reference. contracts/jobtypes.py says which artifact kinds
 each name accepts; the API checks that the references exist.
 

@@ -2,7 +2,7 @@
 symlinks, it lies inside one of the configured roots (a link that points out is refused like
 a path that is out). The API applies it before it accepts a path (app/core/paths.py) and the
 stage runner again before a stage opens anything (workers/stages/common.py `check_roots`):
-defence in depth, issue 17 item 1.
+defence in depth.
 
 Standard library only: both sides import it."""
 

@@ -58,7 +58,7 @@ class Stages(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     split: JsonObject | None = None
-    # Free-form here, bounded in depth and size (contracts/bounds.py, issue 17).
+    # Free-form here, bounded in depth and size (contracts/bounds.py).
     generate: JsonObject | None = None
     prepare: JsonObject = Field(default_factory=dict)
     extract: JsonObject | None = Field(default_factory=lambda: {})
@@ -87,13 +87,13 @@ class RunSpec(BaseModel):
     chat_template_kwargs: JsonObject | None = None
     priority: int = Field(50, ge=0, le=100)
     force: bool = False
-    # Retention (issue 23): true keeps the run's intermediates (offline hidden states, each
+    # Retention (app/storage/): true keeps the run's intermediates (offline hidden states, each
     # job's scratch); null: the server's default (DRAFTYARD_KEEP_HIDDEN_STATES).
     keep: bool | None = None
     # Start even when the plan finds errors (the records that fail are rejected and counted).
     force_plan: bool = False
     plan_sample: int = Field(200, ge=1, le=100_000)
-    # What evaluate measures on when stages.evaluate.data is not given (issue 27): "held_out"
+    # What evaluate measures on when stages.evaluate.data is not given: "held_out"
     # splits a seeded share off the dataset before any stage reads it (stages.split tunes
     # it); "in_sample" measures on the records the drafter trained on, which the report and
     # the verdict then say.

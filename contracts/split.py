@@ -1,7 +1,7 @@
 """Typed params of the `split` stage: one dataset -> a training part and a held-out part.
 
 A run without an evaluation dataset holds out a seeded share of its dataset before any stage
-consumes it (issue 27): generate, prepare and train see only the `train` output, evaluate only
+consumes it: generate, prepare and train see only the `train` output, evaluate only
 the `held_out` one. The held-out count is `round(share * records)` clamped to
 [min_records, max_records] (defaults: 2%, at least 32, at most 500), and never more than half
 the records, so training keeps the larger part of a small dataset.

@@ -1,4 +1,4 @@
-"""How many bytes a stage will write, from what is known before it starts (issue 23): the
+"""How many bytes a stage will write, from what is known before it starts: the
 scheduler reserves this on the volume when it places the job (app/storage/reserve.py), and
 the extract planner checks the same number against the free space (workers/stages/extract/
 planner.py). Pure arithmetic, shared by both sides."""

@@ -63,7 +63,7 @@ def layer_ids_problem(layer_ids: Any, num_layers: int | None = None,
     """Why `layer_ids` are not valid aux layer ids for a target of `num_layers` decoder
     layers (None: for any target), or None when they are."""
     n = num_layers
-    # A range reads as one: "0..7" ("[0, 7]" read as the two layers 0 and 7, issue 27).
+    # A range reads as one: "0..7" ("[0, 7]" read as the two layers 0 and 7).
     valid = f"0..{n - 1}" if n is not None else "0..N-1"
     rng = {"valid_range": [0, n - 1]} if n is not None else {}
     if not isinstance(layer_ids, (list, tuple)) or not layer_ids:
@@ -89,7 +89,7 @@ TEMPLATE_FILE_SUFFIXES = (".jinja", ".j2", ".txt")
 
 
 def looks_like_template_path(text: str) -> bool:
-    """A `chat_template` that is a file's name, not a template (issue 27: a path was stored
+    """A `chat_template` that is a file's name, not a template (a path was stored
     as the template's text and the plan later said `empty_turns x30`): one line, ending in
     .jinja/.j2/.txt, with no Jinja tag in it."""
     t = text.strip()

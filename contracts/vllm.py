@@ -1,4 +1,4 @@
-"""The vLLM options a job may set (issue 26: no code from a request). A job chooses among
+"""The vLLM options a job may set (docs/STYLE.md rule 19: no code from a request). A job chooses among
 typed, bounded engine options, which the stage turns into `vllm serve` flags
 (workers/stages/vllm_server.option_flags); which vLLM runs, with which interpreter, and any
 other flag are the server's settings (`DRAFTYARD_VLLM_COMMAND`, docs/API-additions.md). A

@@ -1,6 +1,6 @@
 """The one process-lifecycle module: every process draftyard starts (workers/ and app/ call
 `spawn`, nothing else), children that die with their parent, stopping a child with everything
-it started, and the rule that nothing a job starts outlives it (issue 24).
+it started, and the rule that nothing a job starts outlives it (docs/STYLE.md rule 17).
 
 Standard library only, so app/ and workers/stages/ may both import it (tests/test_layering.py).
 
@@ -404,7 +404,7 @@ def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
         proc.wait(timeout=10)
 
 
-class Attempt:
+class AttemptProcesses:
     """The processes of one attempt of a job (what the worker's supervisor starts): `start`
     first kills whatever an earlier attempt of the job left, then starts the stage with the
     attempt's tag and the supervisor's pid (watch_parent) in its environment; `sweep`, once

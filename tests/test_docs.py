@@ -58,3 +58,15 @@ def test_the_readme_sends_readers_to_the_repos_own_design_docs():
     readme = (ROOT / "README.md").read_text()
     for doc in ("docs/ARCHITECTURE.md", "docs/API.md", "docs/FIELD-NOTES.md"):
         assert doc in readme and (ROOT / doc).is_file(), doc
+
+
+# "issue 27", "Issue 22.": a number the next reader cannot open (docs/STYLE.md rule 21).
+ISSUE = re.compile(r"\bissues? \d+", re.I)
+PRODUCT = ("app/", "workers/", "contracts/", "draftyard/", "procgroup/", "Makefile")
+
+
+def test_product_code_cites_no_issue_numbers():
+    found = [f"{name}:{n}: {line.strip()}" for name, text in _files().items()
+             if name.startswith(PRODUCT)
+             for n, line in enumerate(text.splitlines(), 1) if ISSUE.search(line)]
+    assert not found, "say the reason, or point at docs/ or a test:\n" + "\n".join(found)

@@ -24,16 +24,16 @@ from tests.stages.conftest import shared_fixtures
 
 DEPLOYMENT = "starter-test"
 
-# A stand-in worker: the supervisor's own starter and Attempt; it prints the stage's pid, the
+# A stand-in worker: the supervisor's own starter and AttemptProcesses; it prints the stage's pid, the
 # server's pid and how the stage was started, then waits for the stage.
 WORKER = """
 import os, sys
 from pathlib import Path
-from procgroup import Attempt
+from procgroup import AttemptProcesses
 from workers.supervisor import DATA_SERVER, STAGE_SERVER
 from workers.stages.starter import DATA_STAGES
 job, spec, stage = sys.argv[1:4]
-a = Attempt("starter-test", job, 1)
+a = AttemptProcesses("starter-test", job, 1)
 log = Path(spec).parent / "log.txt"
 SERVER = DATA_SERVER if stage in DATA_STAGES else STAGE_SERVER
 

@@ -2,7 +2,7 @@
 
 Celery's consumer waits out kombu's default backoff (2, 4, 6, 8, 10 ... 30 s between tries), so
 after a 20-s Redis outage a worker could sit up to ~10 s more before it took messages again:
-jobs dispatched meanwhile waited, and were requeued as unclaimed (issue 26 item 7). Polling a
+jobs dispatched meanwhile waited, and were requeued as unclaimed. Polling a
 local Redis once a second costs nothing; the DB, not the broker, is the record."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A node joins only if it can work (issue 25): before it registers, a worker proves that it
+"""A node joins only if it can work: before it registers, a worker proves that it
 reaches the database and the broker and that it reads and writes the deployment's shared
 folder (app/cluster/shared.py). Otherwise it refuses to start, with a message that names the
 address or the mount that is missing."""

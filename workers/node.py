@@ -123,7 +123,7 @@ def run_worker(node: str, gpus_decl: str | None, concurrency: int | None = None,
     kill_orphans(node)
     with unit_of_work() as sess:
         # An earlier incarnation's jobs are dead (killed just above): requeue them now,
-        # not after their heartbeats age (issue 17: recovery within 60 s), and before the
+        # not after their heartbeats age (recovery within 60 s), and before the
         # slower join checks below.
         moved = requeue_node(sess, node)
     check_can_join(node)  # broker, shared folder: refuses to start (exit 2) without them

@@ -122,7 +122,7 @@ def finish(att: Attempt, outcome: StageOutcome) -> None:
     """Publish the attempt's artifacts (files) and record the outcome (DB), under the job's
     row lock: the reaper (SKIP LOCKED) cannot requeue the job meanwhile. All or nothing: if the
     commit fails (DB down), the artifacts that were moved go back into out_dir, so a retry
-    finds them where the stage left them (issue 17)."""
+    finds them where the stage left them."""
     moved: list[tuple[Path, Path]] = []
     try:
         _finish(att, outcome, moved)

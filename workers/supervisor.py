@@ -2,14 +2,14 @@
 job state: events, progress (with rate and ETA), heartbeats, cancel and preemption (SIGTERM to
 the group, then SIGKILL after a grace period), and on exit the artifacts and the final status.
 
-Never twice (issue 17): a database outage does not end the watch; the stage keeps running and
+Never twice: a database outage does not end the watch; the stage keeps running and
 its events wait in the events file while the supervisor retries with backoff. Only after
 `give_up_s` without one successful heartbeat does it give up, and then it kills the stage's
 process group first: the reaper requeues a job only once its heartbeat is `fence_s` old
 (app/scheduler/reaper.py), by which time the old attempt is surely dead. The stage itself dies
 with the worker process (procgroup.watch_parent), whichever thread started it.
 
-Nothing outlives its attempt (issue 24): the stage and all it starts carry the attempt's tag
+Nothing outlives its attempt (docs/STYLE.md rule 17): the stage and all it starts carry the attempt's tag
 (procgroup.TAG_ENV); when the stage ends, by any signal, the supervisor kills every process
 left with that tag (torchrun's ranks live in sessions of their own, so the stage's process
 group does not hold them), and before an attempt starts it kills whatever an earlier attempt
@@ -49,10 +49,10 @@ from app.jobs.service import add_event
 from app.models import Job
 from app.scheduler.reaper import give_up_s
 from app.jobs.states import JobStatus as S
-from procgroup import ARGV_SLOT, PARENT_ENV, TAG_ENV, TAG_SLOT, Attempt, signal_group
+from procgroup import ARGV_SLOT, PARENT_ENV, TAG_ENV, TAG_SLOT, AttemptProcesses, signal_group
 from procgroup.memory import PeakMemory
 from procgroup.warm import WarmChild, WarmStarter
-from workers.attempt import Attempt as JobAttempt
+from workers.attempt import Attempt
 from workers.stages.starter import DATA_STAGES, MODEL_STAGES
 from workers.stages.threads import threads_env
 
@@ -65,7 +65,7 @@ BACKOFF_MAX_S = 2.0  # retry the DB at least this often during an outage: recove
 # final one always), and past PROGRESS_EVENTS rows the spacing grows with the elapsed time
 # (elapsed / PROGRESS_EVENTS): the job's `progress` field still follows every report, while a
 # job's rows grow with neither its record rate nor (beyond a logarithm) its duration: a
-# 75-minute prepare writes ~1,000 progress rows, not 4,500 (issue 22).
+# 75-minute prepare writes ~1,000 progress rows, not 4,500.
 PROGRESS_EVENT_S = 1.0
 PROGRESS_EVENTS = 300
 # Metric rows (the loss curve of GET /v1/jobs/{id}/metrics): every one until the spacing
@@ -159,7 +159,7 @@ class _Rate:
     RATE_WINDOW_S), for rate and ETA. A fixed 30 s window held a single point when a stage
     reports in chunks further apart (prepare's tasks, extract's shards on a busy node): no
     rate, no ETA; and a short window follows every jitter of a shared machine. Points are
-    kept at most one per second, so the window costs O(1) per report (issue 22)."""
+    kept at most one per second, so the window costs O(1) per report."""
 
     points: deque = field(default_factory=deque)
     start: float = 0.0
@@ -222,7 +222,7 @@ class StageOutcome:
 
 
 class Supervisor:
-    def __init__(self, att: JobAttempt):
+    def __init__(self, att: Attempt):
         """Supervise one attempt (workers/attempt.py: what to start, where it reports)."""
         self.job_id = att.job_id
         self.attempt: int | None = att.number
@@ -241,7 +241,7 @@ class Supervisor:
         self.result: dict | None = None
         self.artifacts: list[dict] = []
         self.proc: subprocess.Popen | WarmChild | None = None
-        self.processes = Attempt(str(self.settings.home), att.job_id, att.number)
+        self.processes = AttemptProcesses(str(self.settings.home), att.job_id, att.number)
         self.memory = PeakMemory(self.processes.tag)
         self._signalled = False  # whether we (cancel, preemption, stop, fence) signalled it
 

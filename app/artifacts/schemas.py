@@ -20,7 +20,7 @@ class ArtifactRead(ReadModel):
     inputs: list[str]
     meta: dict[str, Any]
     owner: str | None = None
-    # A tombstone (issue 23): the files were deleted, the row keeps the lineage.
+    # A tombstone: the files were deleted, the row keeps the lineage.
     deleted_at: datetime | None = None
     deleted_by: str | None = None
     bytes_freed: int | None = None

@@ -1,5 +1,5 @@
 """`draftyard init-run TARGET DATASET`: a starting run body from a target and a dataset (by
-name or id), written to a file to edit, plan and run (issue 27: bodies needed ids copied
+name or id), written to a file to edit, plan and run (bodies needed ids copied
 from `--json` output)."""
 
 from __future__ import annotations

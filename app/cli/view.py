@@ -9,14 +9,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
+from app.jobs.states import TERMINAL
 from draftyard import NotFound
 
 console = Console()
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def describe(e) -> str:
-    """An API failure in one line; a 401 says where the token comes from (issue 27)."""
+    """An API failure in one line; a 401 says where the token comes from."""
     text = str(e)
     if getattr(e, "status", None) == 401:
         import os
@@ -81,7 +81,7 @@ def human_size(n: float | None) -> str:
 
 
 def print_failures(job: dict, indent: str = "  ", log=None) -> None:
-    """The records a job dropped, by id, input line, reason and message (issue 18): from its
+    """The records a job dropped, by id, input line, reason and message: from its
     error's details when it stopped on its failure budget, else from its summary."""
     log = log or console.print
     details = (job.get("error") or {}).get("details")
@@ -129,8 +129,8 @@ ID_COLUMNS = frozenset({"id", "artifact"})
 
 
 class Listing:
-    """A table where it fits the terminal, else one `column: value` block per row (issue 40:
-    at 80 columns a nine-column table was folded one character per line, and lineage ids were
+    """A table where it fits the terminal, else one `column: value` block per row
+    (at 80 columns a nine-column table was folded one character per line, and lineage ids were
     squeezed into 4-character columns). It fits when every column gets the width of its
     longest word (an id, a path, a status) and id columns their full width: a table never
     breaks a word, so nothing has to be pasted back together. Decided at render time, from
@@ -196,7 +196,7 @@ class Listing:
 
 
 def make_table(title: str, cols: tuple[str, ...], rows: list[list]) -> Listing:
-    """A listing whose ids are never cut (issue 27: `job_01m8sbq…` cannot be copied) and whose
+    """A listing whose ids are never cut (`job_01m8sbq…` cannot be copied) and whose
     words are never broken: a table where it fits, else `column: value` blocks (Listing)."""
     return Listing(title, cols, [[("" if v is None else str(v)) for v in r] for r in rows])
 

@@ -14,7 +14,7 @@ from app.core.errors import Forbidden, NotFound
 from app.cluster.schemas import NodeGpu, NodeRead, QueueRead, QueueUser
 from app.jobs.lifecycle import queue_changed
 from app.jobs.render import job_models
-from app.jobs.states import ACTIVE, WAITING
+from app.jobs.states import LEASED, WAITING
 from app.models import Gpu, Job, Node, User
 from app.scheduler.reads import usage_by_owner
 
@@ -94,7 +94,7 @@ def nodes_view(session: Session) -> list[NodeRead]:
 
 def queue_view(session: Session) -> QueueRead:
     active = list(session.scalars(select(Job).where(
-        Job.status.in_(ACTIVE)).order_by(Job.started_at)))
+        Job.status.in_(LEASED)).order_by(Job.started_at)))
     waiting = list(session.scalars(select(Job).where(Job.status.in_(WAITING))
                                    .order_by(Job.queue_position.is_(None), Job.queue_position,
                                              Job.created_at).limit(500)))
@@ -103,7 +103,7 @@ def queue_view(session: Session) -> QueueRead:
     counts = {o: (int(n), int(g or 0)) for o, n, g in session.execute(
         select(Job.owner_id, func.count(), func.sum(Job.gpus_requested))
         .where(Job.status.in_(WAITING)).group_by(Job.owner_id))}
-    # jobs running per owner (CPU jobs too: the table was empty while one ran, issue 27)
+    # jobs running per owner (CPU jobs too: the table was empty while one ran)
     running: dict[str, int] = {}
     for j in active:
         running[j.owner_id] = running.get(j.owner_id, 0) + 1

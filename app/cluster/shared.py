@@ -1,4 +1,4 @@
-"""The shared folder every node must see (issue 25).
+"""The shared folder every node must see.
 
 What lives where, with several machines:
 - shared, DRAFTYARD_HOME (one mount on every node and the API): `artifacts/` (published

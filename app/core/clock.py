@@ -4,7 +4,7 @@ With several machines each clock is its own, and a worker whose clock is two min
 would make every comparison of times written by different processes wrong: its heartbeats
 would look two minutes stale (its jobs reaped and run again elsewhere while they still run)
 or fresh long after it died, and as the reaping node it would reap everyone else's jobs
-(issue 25). So the database's clock decides: `db_now(session)` reads the database's clock
+(tests/machines/test_clock.py). So the database's clock decides: `db_now(session)` reads the database's clock
 (at most every SYNC_EVERY_S per process) and keeps the difference to the local clock;
 `utcnow()` is the local clock plus that difference. Every lease, heartbeat and fencing time
 is written and compared through these (heartbeats, claims, reaper and node cutoffs,

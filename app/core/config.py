@@ -21,7 +21,7 @@ class Settings(BaseSettings):
     model_roots: str = ""  # ':'-separated folders the server may read models from
     max_upload_bytes: int = 2 * 1024**3
     # What a compressed upload (gzip, zstd, ...) may inflate to: a 56 KB gzip of 30 MB of
-    # zeros must not pass as 56 KB (issue 17 item 5).
+    # zeros must not pass as 56 KB.
     max_decompressed_bytes: int = 16 * 1024**3
     # Any other request body (JSON): a run body with a long chat template is ~100 KB; a 50 MB
     # body is refused from its Content-Length, or once that many bytes have streamed in.
@@ -39,11 +39,11 @@ class Settings(BaseSettings):
     stage_server: bool = True
     # The per-GPU rates behind the plan's time estimates, as a JSON object overriding any of
     # workers/stages/plan_time.py DEFAULT_RATES (e.g. {"decode_tokens_per_s_per_gpu": 2400}
-    # measured for the target on this hardware). Issue 22.
+    # measured for the target on this hardware).
     plan_rates: dict[str, Any] = Field(default_factory=dict)
     env: str = "development"  # "production" refuses the embedded defaults
     # Scheduler and worker timing. Heartbeats every few seconds; a job or node silent for
-    # `stale_after_s` is reaped (issue 10 asks for requeue within 60 s).
+    # `stale_after_s` is reaped (a lost job is requeued within 60 s).
     heartbeat_s: float = 2.0
     stale_after_s: float = 20.0
     cancel_grace_s: float = 10.0
@@ -56,15 +56,15 @@ class Settings(BaseSettings):
     # A big job may be passed by smaller ones only for this long (aging bound).
     backfill_bound_s: float = 300.0
     cpu_slots: int = 2  # concurrent CPU (gpus=0) jobs per node
-    # Priority bands (issue 26 item 6): the highest priority a member's job may have unless an
+    # Priority bands: the highest priority a member's job may have unless an
     # admin granted the user more (users.max_priority). The default priority itself: a
     # member orders their own jobs below it but cannot preempt anyone's default-priority work.
     member_max_priority: int = 50
-    # Node-local scratch (issue 25): one folder per attempt with the stage's spec, events file
+    # Node-local scratch: one folder per attempt with the stage's spec, events file
     # and TMPDIR; nothing a retry on another node needs (that stays under home, the shared
     # folder: app/cluster/shared.py). Empty: under the job's folder in home.
     scratch_dir: Path | None = None
-    # Storage (issue 23, app/storage/): an offline run's hidden states are deleted once its
+    # Storage (app/storage/): an offline run's hidden states are deleted once its
     # train succeeded and no live job needs them, unless kept (this default, or `keep` on the
     # run or job); a failed or cancelled job's scratch (work/) is removed this long after it
     # ended; a user's live artifact bytes plus the disk their waiting and running jobs will
@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     scratch_ttl_s: float = 3 * 86400.0
     user_storage_quota_bytes: int = 0
     disk_margin_bytes: int = 0
-    # Preemption (issue 16): a job is preempted at most this often per hour, so a stream of
+    # Preemption: a job is preempted at most this often per hour, so a stream of
     # urgent jobs cannot keep one run restarting forever; a stage asked to yield gets this
     # long to checkpoint before SIGKILL.
     preempt_max_per_hour: int = 2

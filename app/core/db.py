@@ -68,7 +68,7 @@ def _private_sqlite_file(url: str) -> None:
 # tcp_user_timeout (ms), or an idle one after keepalives_idle + count * interval. Both ends:
 # the server's side (`options`) too, or a partitioned worker's session that held the
 # scheduler's advisory lock or a row lock kept it, and every other node waited on it until
-# the link came back (issue 25: tests/machines/test_partition.py).
+# the link came back (tests/machines/test_partition.py).
 PG_CONNECT_ARGS = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 4,
                    "keepalives_interval": 2, "keepalives_count": 3, "tcp_user_timeout": 10000,
                    "options": "-c tcp_keepalives_idle=4 -c tcp_keepalives_interval=2 "
@@ -101,7 +101,7 @@ def make_engine(url: str) -> Engine:
     # retrying through it can still give up in time (workers/supervisor.py). A network
     # partition drops packets instead of refusing them: without keepalives and a TCP user
     # timeout a call on an open connection waited for an answer that never came, and the
-    # supervisor never reached its give-up (issue 25: tests/machines/test_partition.py).
+    # supervisor never reached its give-up (tests/machines/test_partition.py).
     eng = create_engine(url, pool_size=10, max_overflow=20, connect_args=PG_CONNECT_ARGS)
     _check_on_checkout(eng)
     return eng

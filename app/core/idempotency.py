@@ -52,7 +52,7 @@ def _expired(row: IdempotencyKey) -> bool:
 def _serialise(session: Session, user_id: str, key: str) -> None:
     """Concurrent requests with one key wait here for the first to commit, then replay its
     answer (without this, all of them missed the row and all but one failed on its primary
-    key: issue 17 item 6). PostgreSQL: a transaction-scoped advisory lock on the key; SQLite
+    key). PostgreSQL: a transaction-scoped advisory lock on the key; SQLite
     serialises writers on its own (app/core/db.py)."""
     if is_sqlite(session):
         return

@@ -1,6 +1,6 @@
 """The API's JSON response: orjson (fast), falling back to the standard library for a stored
 value orjson refuses (nested past 255 levels, an integer past 64 bits, a lone surrogate),
-so a listing can never become a 500 for everyone because of one row (issue 17 item 3). New
+so a listing can never become a 500 for everyone because of one row. New
 values are bounded at the edge (contracts/bounds.py); this covers rows stored before that."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _placeholder(_o: Any) -> str:
 
 class SafeJSONResponse(JSONResponse):
     """orjson's rendering (as FastAPI's ORJSONResponse did; that class is deprecated and
-    warned at every server start, issue 27) with the fallbacks below."""
+    warned at every server start) with the fallbacks below."""
 
     def render(self, content: Any) -> bytes:
         return api_json(content)

@@ -91,9 +91,9 @@ async def _who(headers: dict[bytes, bytes]) -> tuple[bool, str, str]:
 
 class BodyLimitMiddleware(_HttpMiddleware):
     """Caps request bodies on the bytes that arrive, not only on Content-Length: a chunked
-    upload or a 50 MB JSON body is refused without being read whole (issue 17 item 5).
+    upload or a 50 MB JSON body is refused without being read whole.
 
-    The cap is the route's, whatever the Content-Type says (issue 26 item 3): the upload route
+    The cap is the route's, whatever the Content-Type says: the upload route
     (POST /v1/datasets, multipart) DRAFTYARD_MAX_UPLOAD_BYTES plus room for the form's other
     parts, every other route DRAFTYARD_MAX_BODY_BYTES. And a request without a valid token
     is read no further than UNAUTHENTICATED_BODY_BYTES: past that it is answered 401 (the
@@ -152,7 +152,7 @@ async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, code:
 class RedactTokens(logging.Filter):
     """Takes credentials out of the access log (uvicorn.access): a token a client put in the
     URL (`?token=`, `access_token=`, `api_key=`..., or a `dy_...` token anywhere in the path)
-    is written as `[redacted]` (issue 26 item 7). Tokens belong in the Authorization header,
+    is written as `[redacted]`. Tokens belong in the Authorization header,
     which is never logged."""
 
     QUERY = re.compile(r"([?&](?:access_token|token|api_key|apikey|key|secret|password)=)"

@@ -1,4 +1,4 @@
-"""Names where users think in names (issue 27): a target's or a dataset's name is unique per
+"""Names where users think in names: a target's or a dataset's name is unique per
 owner (a unique index, migration f27_unique_names), so a run body, a plan and the CLI may
 give a name where an id goes."""
 

@@ -65,7 +65,7 @@ def shown(body: Any, user: "Principal") -> Any:
     """`body` as `user` may see it: to members, every absolute server folder in its strings
     (the artifact store, uploads, the data and model roots, the home) becomes `<label>:` and
     the rest of the path stays (`artifacts:dataset/art_x`, `models:qwen3-8b`): docs/API.md, the
-    roots are never shown (issue 26 item 7). Admins see the paths as they are."""
+    roots are never shown. Admins see the paths as they are."""
     return hider(user)(body)
 
 

@@ -1,5 +1,5 @@
 "use strict";
-// Actions on the job and run pages (issue 27): cancel, retry, hold/release and priority, as
+// Actions on the job and run pages: cancel, retry, hold/release and priority, as
 // the API allows the user (priority is an admin's; the others the owner's or an admin's),
 // each after a confirmation. Buttons carry their request in data attributes; one delegated
 // listener sends it (the page's CSP forbids inline handlers).

@@ -314,7 +314,7 @@ function jobTable(jobs, empty, who = {}) {
       <td>${progress(j.progress, j.status)}</td><td class="muted">${ago(j.created_at)}</td></tr>`).join("") + `</table>`;
 }
 
-// A sparkline that stays inside its own box whatever the number of points (issue 27: 2-3
+// A sparkline that stays inside its own box whatever the number of points (2-3
 // points drew across the neighbouring rows): a fixed viewBox with a margin, overflow hidden,
 // a dot on every point when there are few, one point drawn as a dot.
 function spark(series) {
@@ -331,7 +331,7 @@ function spark(series) {
   return `<svg class="spark" width="${w}" height="${h}" viewBox="0 0 ${w} ${h}" overflow="hidden">${line}${dots}</svg>`;
 }
 
-// User-facing names for stage measures (issue 27: chips said tau_sim_baseline).
+// User-facing names for stage measures (chips said tau_sim_baseline).
 const LABELS = {tau: "tau (tokens per target forward)", tau_sim: "simulated tau (teacher-forced)",
   tau_baseline: "untrained drafter's tau", tau_sim_baseline: "untrained drafter's simulated tau",
   tau_prompt_lookup: "prompt lookup's tau",

@@ -4,7 +4,7 @@ datasets, and per job its progress (done/total, rate, ETA), metrics, events and 
 itself needs no token; every call it makes sends the one the user pastes (kept in the
 browser's localStorage).
 
-The page is served under a Content-Security-Policy with no inline script (issue 17 item 7): a
+The page is served under a Content-Security-Policy with no inline script: a
 job name rendered into it can never run as code, and no other site may frame it. The API docs
 (`/docs`) are Swagger UI served from the `swagger-ui-bundle` package, so they work offline and
 load nothing from a CDN."""
@@ -42,7 +42,7 @@ def _asset(name: str) -> bytes:
 
 @router.get("/ui")
 def dashboard() -> HTMLResponse:
-    # The token prompt names the server's real token file (issue 27: it said
+    # The token prompt names the server's real token file (it said
     # ~/.draftyard/admin_token whatever DRAFTYARD_HOME was).
     tok = html.escape(str(get_settings().home / "admin_token"), quote=True)
     page = _asset("index.html").replace(b"<body>", f'<body data-token-file="{tok}">'.encode())

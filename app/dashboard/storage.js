@@ -1,5 +1,5 @@
 "use strict";
-// The storage view (issue 23): GET /v1/storage drawn as volume bars and tables by kind, owner
+// The storage view: GET /v1/storage drawn as volume bars and tables by kind, owner
 // and run, with what retention would free. Loaded before app.js, which adds it to VIEWS; it
 // uses app.js's helpers (api, esc) only when it is drawn.
 function bytes(n) {

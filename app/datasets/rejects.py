@@ -1,4 +1,4 @@
-"""A dataset's rejects, a page at a time (issue 22: thousands of rejects on an 800K ingest).
+"""A dataset's rejects, a page at a time (thousands of rejects on an 800K ingest).
 
 The rejects live in the dataset artifact's `rejects.jsonl` (one `{"line", "reason"}` per
 rejected input record, in input order). A page reads only its own lines: the cursor

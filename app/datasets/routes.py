@@ -109,7 +109,7 @@ def get_dataset(ds_id: str, user: CurrentUser, session: SessionDep):
 def get_rejects(*, ds_id: str, limit: int = Query(100, ge=1, le=1000), after: str | None = None,
                 user: CurrentUser, session: SessionDep):
     """The dataset's rejected input records, `{"line", "reason"}` in input order, a page at
-    a time (docs/API-additions.md, issue 22)."""
+    a time (docs/API-additions.md)."""
     return rejects_page(session, service.get_dataset(session, ds_id), limit, after)
 
 

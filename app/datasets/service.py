@@ -217,7 +217,7 @@ def delete_dataset(session: Session, user: Principal, d: Dataset) -> None:
     may_delete(user, d.owner_id, d.id)
     lock(session)
     own = session.scalar(select(Job.id).where(Job.id == d.job_id,
-                                              Job.status.notin_([t.value for t in TERMINAL])))
+                                              Job.status.notin_(TERMINAL)))
     if own:
         raise Conflict(f"dataset {d.id} is used by active jobs: {own} (the job that makes it)",
                        code="dataset_in_use", details={"jobs": [own]})

@@ -13,7 +13,7 @@ from app.core.errors import NotFound
 from app.jobs.preemption import HOUR_S, recent
 from app.jobs.schemas import JobRead, PreemptionRead
 from app.jobs.service import gpus_of
-from app.jobs.states import ACTIVE, WAITING
+from app.jobs.states import LEASED, WAITING
 from app.jobs.states import JobStatus as S
 from app.models import Job
 
@@ -58,7 +58,7 @@ def job_model(job: Job | Row, gpus: list[dict] | None = None) -> JobRead:
 
 
 def job_models(session: Session, jobs: list[Job]) -> list[JobRead]:
-    g = gpus_of(session, [j.id for j in jobs if j.status in ACTIVE])
+    g = gpus_of(session, [j.id for j in jobs if j.status in LEASED])
     return [job_model(j, g.get(j.id)) for j in jobs]
 
 
@@ -72,5 +72,5 @@ def read_job(job_id: str) -> JobRead:
         row = conn.execute(_BY_ID, {"id": job_id}).first()
         if row is None:
             raise NotFound(f"job {job_id} not found", param="id")
-        gpus = gpus_of(conn, [job_id]) if row.status in ACTIVE else {}
+        gpus = gpus_of(conn, [job_id]) if row.status in LEASED else {}
     return job_model(row, gpus.get(job_id))

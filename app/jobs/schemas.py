@@ -24,7 +24,7 @@ class JobCreate(BaseModel):
     force: bool = False
     keep: bool | None = Field(
         default=None, description="keep this job's intermediates and scratch after it ends "
-        "(retention, issue 23); null: the server's default")
+        "(retention); null: the server's default")
     preemptible: bool | None = Field(
         default=None, description="may the scheduler stop this job (it checkpoints and is requeued) "
         "for a higher-priority one; default true for train, false otherwise; only train, "
@@ -63,7 +63,7 @@ class ErrorInfo(BaseModel):
     code: str
     message: str
     # What the stage attached, e.g. a failure budget's counts, failed_sample and
-    # failures_file (issue 18): without it the error names no record.
+    # failures_file: without it the error names no record.
     details: Any = None
     log_tail: str | None = None
 

@@ -21,7 +21,7 @@ from app.jobs.inputs import InputDeleted, Unresolved, resolve_ref
 from app.jobs.lifecycle import announce, queue_changed
 from app.jobs.preemption import recent
 from app.jobs.schemas import JobCreate
-from app.jobs.states import ACTIVE, TERMINAL, IllegalTransition, JobStatus, check
+from app.jobs.states import LEASED, TERMINAL, IllegalTransition, JobStatus, check
 from app.models import Artifact, Dataset, Gpu, GpuLease, Job, JobEvent, Target, User
 from app.storage.reserve import check_quota
 from app.users.service import check_priority
@@ -72,7 +72,7 @@ def _after(session: Session, job: Job, old: str, new: S) -> None:
     """What every status change does once the row says `new`: a job leaving an active state
     gives its GPUs back (before the subscribers run: the scheduler they wake sees them free),
     then the change is announced."""
-    if old in ACTIVE and new not in ACTIVE:
+    if old in LEASED and new not in LEASED:
         _release_gpus(session, job.id)
     announce(session, job, old, new.value)
 
@@ -407,8 +407,8 @@ def gpus_of(session: Session | Connection, job_ids: list[str]) -> dict[str, list
 
 def events(session: Session, job_id: str, after_seq: int = 0, limit: int = 1000) -> list:
     """A page of the job's events as rows (`id`, `at`, `kind`, `data`): columns, not ORM
-    objects, since a page is up to 10,000 of them and nothing is written back (issue 22:
-    a 1000-event page of a job with 100K events)."""
+    objects, since a page is up to 10,000 of them and nothing is written back
+    (a 1000-event page of a job with 100K events)."""
     return list(session.execute(select(JobEvent.id, JobEvent.at, JobEvent.kind, JobEvent.data)
                                 .where(JobEvent.job_id == job_id, JobEvent.id > after_seq)
                                 .order_by(JobEvent.id).limit(limit)))

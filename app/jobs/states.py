@@ -18,9 +18,12 @@ class JobStatus(StrEnum):
 
 
 S = JobStatus
-TERMINAL = frozenset({S.succeeded, S.failed, S.cancelled})
-ACTIVE = frozenset({S.dispatched, S.running, S.cancelling})  # hold a lease
-WAITING = frozenset({S.pending, S.queued})
+# The status sets, each defined here only (the scheduler's SQL, storage and the CLI use them).
+TERMINAL = frozenset({S.succeeded, S.failed, S.cancelled})  # final: nothing will run
+# Placed on a node: holds its GPU lease and its disk reservation until it ends.
+LEASED = frozenset({S.dispatched, S.running, S.cancelling})
+WAITING = frozenset({S.pending, S.queued})                   # not placed yet
+UNFINISHED = WAITING | LEASED                                # not final: may still read inputs
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     S.pending: frozenset({S.queued, S.cancelled, S.failed}),

@@ -49,7 +49,7 @@ class GpuLease(Base):
 
 class Deployment(Base):
     """Facts of the whole deployment, one row per key. `shared_root`: the token of the marker
-    file in the shared folder (DRAFTYARD_HOME) that every node proves it sees (issue 25)."""
+    file in the shared folder (DRAFTYARD_HOME) that every node proves it sees."""
 
     __tablename__ = "deployment"
     key: Mapped[str] = mapped_column(String(40), primary_key=True)

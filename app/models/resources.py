@@ -10,7 +10,7 @@ from app.models.base import Base, utcnow
 
 class Target(Base):
     __tablename__ = "targets"
-    # A name is unique per owner (issue 27): run bodies and the CLI may name it.
+    # A name is unique per owner: run bodies and the CLI may name it.
     __table_args__ = (Index("uq_targets_owner_name", "owner_id", "name", unique=True),)
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
@@ -18,7 +18,7 @@ class Target(Base):
     path: Mapped[str] = mapped_column(Text)
     tokenizer_path: Mapped[str] = mapped_column(Text)
     chat_template: Mapped[str | None] = mapped_column(Text, default=None)
-    # Listings show the template by these, not whole (issue 26 item 5).
+    # Listings show the template by these, not whole.
     chat_template_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
     chat_template_chars: Mapped[int | None] = mapped_column(default=None)
     chat_template_kwargs: Mapped[dict] = mapped_column(default=dict)

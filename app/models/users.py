@@ -13,7 +13,7 @@ class User(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     role: Mapped[str] = mapped_column(String(20))  # admin | member
-    # The highest job priority this user may set (issue 26 item 6); None: the role's default
+    # The highest job priority this user may set; None: the role's default
     # (members DRAFTYARD_MEMBER_MAX_PRIORITY, admins 100). Granted by an admin.
     max_priority: Mapped[int | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,4 +1,4 @@
-"""The plan's check of the deployment (issue 27): a GPU stage with no node to run on is a
+"""The plan's check of the deployment: a GPU stage with no node to run on is a
 warning at plan time, not a job that waits forever with a late reason."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Which field of the run body each plan check is about (issue 27: a failed plan's 422 had
+"""Which field of the run body each plan check is about (a failed plan's 422 had
 `param: null`, so a client could not point at the field to fix). Every check gets a `param`
 as the run body spells it; the refusal's error names the first failing one."""
 

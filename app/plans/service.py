@@ -68,7 +68,7 @@ def make_plan(body: RunSpec, free_bytes_override: int | None = None) -> dict:
 @contextmanager
 def plan_slot(folder: Path, slots: int) -> Iterator[None]:
     """One of `slots` plan slots, or a 429: each plan is a child process of up to 120 s, and
-    an unbounded number of them took the API's machine (issue 17 item 5). The slots are
+    an unbounded number of them took the API's machine. The slots are
     flock()ed files, so they hold across API processes and free themselves when one dies."""
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(max(1, slots)):

@@ -1,4 +1,4 @@
-"""A run body's references given by name (issue 27), as ids: every field that names a target,
+"""A run body's references given by name, as ids: every field that names a target,
 a dataset or an artifact (contracts/run.py `reference_fields`: `target_id`, `dataset_id`,
 `stages.evaluate.data`), resolved and checked here, the one resolver that plan and submit
 both call, so a body the plan passes is one submit takes. In a short read-only transaction of

@@ -110,7 +110,7 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
     datasets = _names(session, Dataset, {dataset_id})
     users = _names(session, User, {run.owner_id, *(j.owner_id for j in js)})
     stage_of: dict = {j.id: j.run_stage for j in js}
-    # The machine each artifact was made on (issue 25), the run's input's ingest included.
+    # The machine each artifact was made on, the run's input's ingest included.
     node_of: dict = dict(session.execute(select(Job.id, Job.node).where(
         Job.id.in_({a.producer_job for a in arts if a.producer_job}))).tuples().all())
 

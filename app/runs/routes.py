@@ -24,7 +24,7 @@ def create_run(body: RunCreate, user: CurrentUser, session: SessionDep,
     if idempotency_key and (done := replay(user, idempotency_key, request)) is not None:
         return done  # answered before: neither the plan nor the run again
     service.check_params(body)  # the body's own faults first, before any name is looked up
-    body = with_ids(body, user)  # names where ids go (issue 27)
+    body = with_ids(body, user)  # names where ids go
     chain = service.check_params(body)
     with unit_of_work(read_only=True) as s:  # before the plan's seconds (create_job again)
         check_quota(s, user.id, user.name, "a new run")

@@ -16,7 +16,7 @@ from app.jobs.lifecycle import StatusChanged
 from app.jobs.params import validate_params
 from app.jobs.render import job_models
 from app.jobs.schemas import JobCreate
-from app.jobs.states import ACTIVE, TERMINAL
+from app.jobs.states import LEASED, TERMINAL
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Dataset, Job, Run, Target
 from app.runs.schemas import RunRead, RunStage
@@ -100,7 +100,7 @@ def overall_status(statuses: list[str]) -> str:
         return "pending"
     if all(s == S.succeeded for s in statuses):
         return "succeeded"
-    if any(s in ACTIVE for s in statuses):
+    if any(s in LEASED for s in statuses):
         return "running"
     if any(s == S.failed for s in statuses):
         return "failed"
@@ -118,7 +118,7 @@ def refresh_run(session: Session, run_id: str) -> Run | None:
     js = run_jobs(session, run_id)
     old = run.status
     run.status = overall_status([j.status for j in js])
-    if run.status in ("succeeded", "failed", "cancelled"):
+    if run.status in TERMINAL:  # a run's final statuses are its jobs'
         run.finished_at = run.finished_at or utcnow()
     else:
         run.finished_at = None

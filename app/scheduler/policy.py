@@ -21,7 +21,7 @@ jobs after it, which is what lets `could_matter` leave such jobs out of a placem
 
 CPU slots (jobs with gpus=0) go in the same order, but while another user's CPU job waits, no
 user holds more than `user_cpu_slots` of them (default: all but one), so one user's long
-probes cannot starve everyone's ingests (issue 17 item 5); a user alone may use them all.
+probes cannot starve everyone's ingests; a user alone may use them all.
 
 Placement is best fit (the node with the fewest free GPUs that still fits), which keeps
 whole nodes free for big jobs. A GPU is handed out at most once per plan.
@@ -68,7 +68,10 @@ class Usage:
 
 
 @dataclass
-class Plan:
+class Schedule:
+    """One scheduling pass's decision: what starts where, and why the rest waits (the run's
+    dry-run answer is another thing, workers/stages/plan.py `Plan`)."""
+
     dispatch: list[tuple[str, str | None, list[int]]] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
     # Jobs in the order the policy considered them (dispatched ones included); with `top`
@@ -122,7 +125,7 @@ def could_matter(w: Waiting, most_free: int, cpu_free: int, now: float,
 def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage], *,
          now: float, quota: int = 0, backfill_bound_s: float = 300.0, cpu_free: int = 0,
          top: int | None = None, presorted: bool = False,
-         held_for: dict[str, str] | None = None, user_cpu_slots: int = 0) -> Plan:
+         held_for: dict[str, str] | None = None, user_cpu_slots: int = 0) -> Schedule:
     """Decide what starts now and why the rest waits.
 
     `top`: how many waiting jobs need a position and a reason; past it the walk stops as soon
@@ -133,7 +136,7 @@ def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage]
     `user_cpu_slots`: CPU slots one user may hold while another user's CPU job waits
     (0: all the slots but one, at least one).
     """
-    out = Plan()
+    out = Schedule()
     out.reserved.update(held_for or {})
     nodes = [NodeState(nd.name, list(nd.free), nd.total, nd.cpu_free, nd.schedulable)
              for nd in nodes]

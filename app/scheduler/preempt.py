@@ -1,5 +1,5 @@
 """Preemption policy as pure functions (no DB): which running jobs yield their GPUs to a
-higher-priority job that cannot start otherwise (issue 16).
+higher-priority job that cannot start otherwise.
 
 Rules:
 - Only a job that waits for GPUs (not held, not over its owner's quota, small enough for

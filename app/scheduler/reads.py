@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
 from app.core.db import db_now, is_sqlite
-from app.jobs.states import ACTIVE
+from app.jobs.states import LEASED
 from app.jobs.states import JobStatus as S
 from app.models import Gpu, GpuLease, Job, Node
 from app.scheduler.policy import NodeState, Usage
@@ -95,7 +95,7 @@ def node_states(session: Session) -> tuple[list[NodeState], int, dict[str, int]]
     are the jobs on its GPUs, with what preemption needs to know of them."""
     cutoff = db_now(session) - timedelta(seconds=get_settings().stale_after_s)
     cpu_busy = select(func.count()).select_from(Job).where(
-        Job.gpus_requested == 0, Job.status.in_(ACTIVE)).scalar_subquery()
+        Job.gpus_requested == 0, Job.status.in_(LEASED)).scalar_subquery()
     states: dict[str, NodeState] = {}
     held: dict[str, int] = {}
     by_job: dict[str, Holder] = {}
@@ -198,5 +198,5 @@ def recent_gpu_hours(session: Session, now: datetime) -> dict[str, float]:
 def cpu_held(session: Session) -> dict[str, int]:
     """CPU slots (active gpus=0 jobs) per owner now: the per-user CPU bound of the policy."""
     return dict(session.execute(select(Job.owner_id, func.count())
-                                .where(Job.gpus_requested == 0, Job.status.in_(ACTIVE))
+                                .where(Job.gpus_requested == 0, Job.status.in_(LEASED))
                                 .group_by(Job.owner_id)).all())

@@ -1,7 +1,7 @@
 """Returns the GPUs of jobs whose worker is gone and requeues them (bounded attempts,
 infrastructure faults only) or fails them with `worker_lost`.
 
-Never twice (issue 17): a lease passes to a new attempt only when the old attempt's processes
+Never twice: a lease passes to a new attempt only when the old attempt's processes
 are surely dead, never on a guess. Two facts make that sure:
 - a supervisor that cannot heartbeat for `give_up_s` kills its stage's process group and
   gives up (workers/supervisor.py), and a stage dies with its worker process
@@ -27,7 +27,7 @@ from app.core.config import get_settings
 from app.cluster.service import first_live_node
 from app.core.db import db_now, unit_of_work
 from app.jobs.service import requeue, transition
-from app.jobs.states import ACTIVE
+from app.jobs.states import LEASED
 from app.jobs.states import JobStatus as S
 from app.models import Job, Node
 from app.scheduler.service import try_lock
@@ -58,7 +58,7 @@ def reap(session: Session) -> list[str]:
     # FOR UPDATE SKIP LOCKED: a worker finishing the job holds its row; re-read after the
     # lock, so a job that just ended is not requeued on a stale read.
     stale = [j for j in session.scalars(
-        select(Job).where(Job.status.in_(ACTIVE), Job.heartbeat_at < cutoff)
+        select(Job).where(Job.status.in_(LEASED), Job.heartbeat_at < cutoff)
         .with_for_update(skip_locked=True))
         if j.status == S.dispatched.value or j.heartbeat_at < fenced]
     return _move_on(session, stale, "lost")
@@ -69,7 +69,7 @@ def requeue_node(session: Session, node: str, worker: str | None = None) -> list
     incarnation held there are dead; requeue them now, not after fence_s. `worker`: this
     incarnation's id (its own jobs, if any, are left alone)."""
     jobs = [j for j in session.scalars(
-        select(Job).where(Job.status.in_(ACTIVE), Job.node == node)
+        select(Job).where(Job.status.in_(LEASED), Job.node == node)
         .with_for_update(skip_locked=True)) if worker is None or j.worker != worker]
     return _move_on(session, jobs, "restarted")
 
@@ -97,7 +97,7 @@ def _move_on(session: Session, jobs: list[Job], why: str) -> list[str]:
     return [j.id for j in jobs]
 
 
-# ---- the API's reaper: when no worker is alive (issue 26 item 4) -------------------------
+# ---- the API's reaper: when no worker is alive -------------------------
 
 def reap_unattended(session: Session) -> list[str] | None:
     """Reap when no worker node is alive to do it (a worker's housekeeping reaps while one
@@ -106,13 +106,6 @@ def reap_unattended(session: Session) -> list[str] | None:
     if first_live_node(session) is not None or not try_lock(session):
         return None
     return reap(session)
-
-
-def unattended_bound_s(settings=None) -> float:
-    """How long after its worker's last heartbeat a running job is requeued when no worker is
-    left: fence_s (the stage is surely dead by then) plus one tick of the API's reaper."""
-    s = settings or get_settings()
-    return fence_s(s) + s.heartbeat_s
 
 
 class ApiReaper:

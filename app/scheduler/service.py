@@ -246,7 +246,7 @@ def _preempt(session: Session, p, by_id, nodes, now, max_per_hour: int) -> None:
                 log.info("preempting %s on %s for %s", victim, c.node, c.waiter)
 def _send(sent: list[tuple[str, str]]) -> None:
     """Send the committed dispatches. One the broker refused (down) goes back to `queued`
-    with its GPUs freed at once (issue 17), instead of holding them in `dispatched` until the
+    with its GPUs freed at once, instead of holding them in `dispatched` until the
     reaper's stale rule; the next pass dispatches it again."""
     failed = []
     for job_id, queue in sent:

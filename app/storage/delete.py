@@ -1,4 +1,4 @@
-"""Deleting artifacts to tombstones (issue 23): the files go, the row stays with `deleted_at`,
+"""Deleting artifacts to tombstones: the files go, the row stays with `deleted_at`,
 who deleted it and the bytes freed, so lineage and reports still read.
 
 Crash safety is the order, mark then remove: the tombstone commits first, and only after the
@@ -30,11 +30,11 @@ from app.core.auth import Principal
 from app.core.config import get_settings
 from app.core.db import after_commit, unit_of_work, utcnow
 from app.core.errors import Conflict, Forbidden
+from app.jobs.states import UNFINISHED
 from app.models import Artifact, Dataset, Job
 from app.scheduler.service import lock
 
 log = logging.getLogger("draftyard.storage")
-ACTIVE = ("pending", "queued", "dispatched", "running", "cancelling")
 TRASH = ".trash"
 RETENTION = "retention"  # deleted_by of what a retention rule removed
 
@@ -58,7 +58,7 @@ def needed_by(session: Session, art_ids: Iterable[str], extra: Iterable[str] = (
     dataset being deleted), oldest first."""
     want = set(art_ids)
     names = set(extra)
-    rows = session.execute(select(Job.id, Job.type, Job.inputs).where(Job.status.in_(ACTIVE))
+    rows = session.execute(select(Job.id, Job.type, Job.inputs).where(Job.status.in_(UNFINISHED))
                            .order_by(Job.created_at)).all()
     refs = {r.id: _refs(list((r.inputs or {}).values()), set()) if r.type != "ingest" else set()
             for r in rows}

@@ -1,4 +1,4 @@
-"""Disk as a leased resource (issue 23): a job that will write a known amount reserves it on
+"""Disk as a leased resource: a job that will write a known amount reserves it on
 its volume when the scheduler places it, like a GPU lease, and the reservation ends with the
 job's placement (its `disk_bytes` count while it is dispatched, running or cancelling). A job
 whose reservation does not fit stays queued with the reason instead of starting and failing
@@ -21,8 +21,9 @@ from sqlalchemy.orm import Session
 from app.core.config import get_settings
 from app.core.errors import Conflict
 from app.jobs.inputs import Unresolved, resolve
+from app.jobs.states import LEASED
 from app.models import Artifact, Job, Target
-from app.storage.volumes import RESERVING, existing, volumes
+from app.storage.volumes import existing, volumes
 from contracts.drafters import DEFAULT_DRAFTER, UnknownDrafter, default_layer_ids
 from contracts.jobtypes import JOB_TYPES, RESERVES
 from contracts.storage import (DTYPE_SIZES, generate_bytes, hidden_state_bytes, human_bytes,
@@ -95,7 +96,7 @@ class Disk:
     def __init__(self, session: Session):
         self.session = session
         rows = session.execute(select(Job.disk_volume, func.sum(Job.disk_bytes)).where(
-            Job.status.in_(RESERVING), Job.disk_bytes.is_not(None))
+            Job.status.in_(LEASED), Job.disk_bytes.is_not(None))
             .group_by(Job.disk_volume)).all()
         self.reserved = {str(v): int(b or 0) for v, b in rows if v}
         self.free: dict[str, int] = {}
@@ -130,7 +131,7 @@ def user_bytes(session: Session, user_id: str) -> int:
     arts = session.scalar(select(func.coalesce(func.sum(Artifact.bytes), 0)).where(
         Artifact.owner_id == user_id, Artifact.deleted_at.is_(None))) or 0
     res = session.scalar(select(func.coalesce(func.sum(Job.disk_bytes), 0)).where(
-        Job.owner_id == user_id, Job.status.in_(RESERVING))) or 0
+        Job.owner_id == user_id, Job.status.in_(LEASED))) or 0
     return int(arts) + int(res)
 
 

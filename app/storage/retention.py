@@ -1,4 +1,4 @@
-"""Retention (issue 23): what draftyard removes by itself, and when.
+"""Retention: what draftyard removes by itself, and when.
 
 What outlives what:
 - A published artifact lives until someone deletes it (app/storage/delete.py), except an
@@ -31,10 +31,9 @@ from sqlalchemy.orm import Session
 from app.core.config import get_settings
 from app.core.db import after_commit, unit_of_work, utcnow
 from app.jobs.lifecycle import StatusChanged
+from app.jobs.states import TERMINAL
 from app.models import Artifact, Job, Run
 from app.storage.delete import RETENTION, needed_by, tombstone
-
-ENDED = ("succeeded", "failed", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,7 @@ def _hidden_states(session: Session, run_ids: list[str] | None = None) -> list[I
 
 def _scratch(session: Session, now) -> list[Item]:
     ttl = timedelta(seconds=get_settings().scratch_ttl_s)
-    rows = session.scalars(select(Job).where(Job.status.in_(ENDED),
+    rows = session.scalars(select(Job).where(Job.status.in_(TERMINAL),
                                              Job.scratch_removed_at.is_(None),
                                              Job.finished_at.is_not(None)))
     out = []
@@ -150,7 +149,7 @@ def on_job_status(session: Session, ev: StatusChanged) -> None:
     """Subscriber (app/wiring.py): when a run's job ends, its hidden states go if the run
     allows (train succeeded, nothing live needs them, not kept); same transaction, files
     after the commit (app/storage/delete.py's order)."""
-    if ev.new not in ENDED or not ev.job.run_id:
+    if ev.new not in TERMINAL or not ev.job.run_id:
         return
     if session.get(Run, ev.job.run_id) is None:
         return
@@ -166,7 +165,7 @@ def settle_scratch(job_id: str) -> None:
     (unless kept); otherwise its size is measured once for the usage report."""
     with unit_of_work() as s:
         job = s.get(Job, job_id)
-        if job is None or job.status not in ENDED or job.scratch_removed_at is not None:
+        if job is None or job.status not in TERMINAL or job.scratch_removed_at is not None:
             return
         if job.status == "succeeded" and not job.keep:
             remove_scratch(s, job)

@@ -1,4 +1,4 @@
-"""Storage endpoints (issue 23): usage, and pruning what retention would remove."""
+"""Storage endpoints: usage, and pruning what retention would remove."""
 
 from __future__ import annotations
 

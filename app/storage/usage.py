@@ -10,15 +10,16 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.core.config import get_settings
+from app.jobs.states import LEASED
 from app.models import Artifact, Job, Run, User
 from app.storage import delete, retention
-from app.storage.volumes import RESERVING, existing, volumes
+from app.storage.volumes import existing, volumes
 
 
 def reserved(session: Session) -> dict[str, int]:
     """Bytes reserved per volume by jobs that hold a placement (app/storage/reserve.py)."""
     rows = session.execute(select(Job.disk_volume, func.sum(Job.disk_bytes)).where(
-        Job.status.in_(RESERVING), Job.disk_bytes.is_not(None)).group_by(Job.disk_volume))
+        Job.status.in_(LEASED), Job.disk_bytes.is_not(None)).group_by(Job.disk_volume))
     return {str(v): int(b or 0) for v, b in rows if v}
 
 

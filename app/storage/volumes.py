@@ -1,12 +1,10 @@
-"""The volumes draftyard writes to, and which job states hold a disk reservation."""
+"""The volumes draftyard writes to."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from app.core.config import get_settings
-
-RESERVING = ("dispatched", "running", "cancelling")  # a placed job holds its reservation
 
 
 def existing(path: Path) -> Path:

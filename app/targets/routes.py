@@ -12,7 +12,7 @@ from contracts.bounds import JsonObject, ServerPath
 
 # A real chat template is under 64 KB (the longest in /work/shared/fixtures and on the Hub's
 # large models are ~10-20 KB); four times that bounds what one member stores for everyone
-# (issue 26 item 5). Paths: contracts/bounds.ServerPath.
+#. Paths: contracts/bounds.ServerPath.
 MAX_CHAT_TEMPLATE_CHARS = 262_144
 
 router = APIRouter(prefix="/v1/targets", tags=["targets"])

@@ -11,7 +11,7 @@ from app.models import Target
 
 class TargetSummary(ReadModel):
     """A target in `GET /v1/targets`: its chat template by hash and length, not whole (a
-    listing must not carry every member's templates; issue 26 item 5)."""
+    listing must not carry every member's templates)."""
     id: str
     name: str
     owner: str

@@ -48,7 +48,7 @@ def create_user(body: UserCreate, admin: AdminUser, session: SessionDep):
 @router.patch("/users/{user_id}", response_model=UserRead)
 def update_user(user_id: str, body: UserUpdate, admin: AdminUser,
                 session: SessionDep):
-    """An admin grants (or withdraws, with null) a user's priority band (issue 26 item 6)."""
+    """An admin grants (or withdraws, with null) a user's priority band."""
     return typed(UserRead.of(service.set_max_priority(session, user_id, body.max_priority)))
 
 

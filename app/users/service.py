@@ -46,7 +46,7 @@ def max_priority(user: User | None, role: str) -> int:
 
 
 def check_priority(session: Session, actor: Principal, priority: int) -> None:
-    """Priority bands (issue 26 item 6): a job above its owner's max is refused, saying why."""
+    """Priority bands: a job above its owner's max is refused, saying why."""
     top = max_priority(session.get(User, actor.id), actor.role)
     if priority > top:
         raise Forbidden(

@@ -1,4 +1,4 @@
-"""Where a webhook may be sent (issue 26 item 2): never to the server's own network unless an
+"""Where a webhook may be sent: never to the server's own network unless an
 admin allowed it.
 
 A URL's host is resolved, and every address it resolves to must be a public one: loopback,

@@ -1,4 +1,4 @@
-"""Webhooks per user (issue 16): registration, the outbox of deliveries written in the same
+"""Webhooks per user: registration, the outbox of deliveries written in the same
 transaction as the state change that causes them, and the delivery log.
 
 Events: job.succeeded|failed|cancelled|preempted and run.succeeded|failed|cancelled, sent
@@ -158,7 +158,7 @@ def on_job_status(session: Session, job: Job, old: str | None, new: str) -> None
 
 def on_run_status(session: Session, run: Run, old: str | None, new: str) -> None:
     """Subscriber of run status changes (called by app.runs.service.refresh_run)."""
-    if new != old and new in ("succeeded", "failed", "cancelled"):
+    if new != old and new in TERMINAL:
         run_data = {"id": run.id, "name": run.name, "owner": run.owner_id, "status": run.status,
                     "report": run.report, "finished_at": run.finished_at}
         owner = _owner(session, run.owner_id)

@@ -27,11 +27,13 @@ def test_the_api_requeues_a_dead_workers_job_and_frees_its_gpus(lone):
     """The only worker is SIGKILLed (its whole process group) and not restarted: the API
     process reaps the job within the stated bound (fence_s + one tick of its reaper)."""
     from app.core.config import Settings
-    from app.scheduler.reaper import unattended_bound_s
+    from app.scheduler.reaper import fence_s
 
-    bound = unattended_bound_s(Settings(_env_file=None, **{  # the stack's own settings
+    settings = Settings(_env_file=None, **{  # the stack's own settings
         k.removeprefix("DRAFTYARD_").lower(): v for k, v in lone.env.items()
-        if k in ("DRAFTYARD_STALE_AFTER_S", "DRAFTYARD_HEARTBEAT_S")}))
+        if k in ("DRAFTYARD_STALE_AFTER_S", "DRAFTYARD_HEARTBEAT_S")})
+    # fence_s (the stage is surely dead by then) plus one tick of the API's reaper
+    bound = fence_s(settings) + settings.heartbeat_s
     with lone.client() as c:
         r = c.post("/v1/jobs", json={"type": "probe", "gpus": 1, "params": {"sleep_s": 120}})
         assert r.status_code == 201, r.text

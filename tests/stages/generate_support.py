@@ -148,7 +148,7 @@ def _serve() -> None:
 
 def make_spec(root: Path, records: list[dict], target: dict, **params) -> dict:
     """A generate spec over `records` written as a dataset artifact under root."""
-    from workers.stages.records import write_dataset
+    from tests.stages.records_support import write_dataset
 
     root = Path(root)
     ds = root / "input"

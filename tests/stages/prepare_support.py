@@ -137,3 +137,11 @@ def write_small_target(folder, template_text: str, family: str = "chatml"):
                                                     "vocab_size": len(tok)}))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
     return folder
+
+
+def rows_to_batch(ids: list[str], input_ids: list, loss_masks: list):
+    """A tokenized record batch from per-row arrays (what prepare's pool builds from its
+    workers' flat arrays: workers/stages/prepare/pool.py)."""
+    from workers.stages.prepare.writer import flat_to_batch, flatten_rows
+
+    return flat_to_batch(ids, *flatten_rows(input_ids, loss_masks))

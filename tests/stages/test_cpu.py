@@ -40,7 +40,7 @@ def test_the_plan_names_a_float32_forward_where_the_cpu_lacks_the_stored_dtype(
     from workers.stages.common import StageContext
     from workers.stages.cpu import float32_note
     from workers.stages.plan import run
-    from workers.stages.records import write_dataset
+    from tests.stages.records_support import write_dataset
 
     write_dataset(tmp_path / "ds", _records(8))
     body = {"name": "plan-dtype", "target_id": "tgt_test", "dataset_id": "ds_test",

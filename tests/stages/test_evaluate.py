@@ -27,7 +27,7 @@ from workers.stages.evaluate.specdec import (
 )
 from workers.stages.evaluate.target import TargetRunner, eos_ids, load_target
 from workers.stages.evaluate.tau_sim import tau_from_position_acc
-from workers.stages.records import write_dataset
+from tests.stages.records_support import write_dataset
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from tests.stages.conftest import target_input
 from tests.stages.evaluate_support import make_drafter
 from workers.stages.common import StageContext
 from workers.stages.evaluate import run
-from workers.stages.records import write_dataset
+from tests.stages.records_support import write_dataset
 
 PHASES = ["reference answers", "target alone", "with the drafter", "with the baseline",
           "with the prompt lookup", "tau_sim", "tau_sim baseline"]

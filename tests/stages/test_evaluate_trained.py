@@ -27,7 +27,7 @@ from tests.stages.evaluate_support import (
 )
 from workers.stages.common import StageContext
 from workers.stages.evaluate import run
-from workers.stages.records import write_dataset
+from tests.stages.records_support import write_dataset
 
 # tau_sim is teacher-forced on the target's greedy answers to the very prompts that real
 # decoding runs. At the anchors decoding visited, the contexts are identical, so the two

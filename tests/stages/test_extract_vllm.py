@@ -21,7 +21,7 @@ httpx = pytest.importorskip("httpx")
 
 
 def _job(tmp: Path, model_dir: Path, tokd: Path, aux=(2, 4, 5), dtype="float32", **vllm):
-    from contracts.extract import VllmParams
+    from contracts.extract import ExtractVllmParams
     from workers.stages.extract.backends import ExtractJob
     from workers.stages.extract.layers import resolve_layers
 
@@ -30,7 +30,7 @@ def _job(tmp: Path, model_dir: Path, tokd: Path, aux=(2, 4, 5), dtype="float32",
     return ExtractJob(tokenized_path=str(tokd), target=target, layers=plan, dtype=dtype,
                       batch_tokens=1024, batch_mode="padded", attn_implementation=None,
                       folder=tmp / "hs", work_dir=tmp, workers=1,
-                      vllm=VllmParams(**vllm))
+                      vllm=ExtractVllmParams(**vllm))
 
 
 def test_server_command_is_speculators_extraction_setup(tmp_path, tiny_target, monkeypatch):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.generate import VllmParams
+from contracts.generate import GenerateVllmParams
 from procgroup import free_port
 from tests.stages.conftest import REPO, target_input
 from tests.stages.generate_support import (
@@ -56,7 +56,7 @@ def test_completion_payload():
 
 
 def test_serve_command_line():
-    params = VllmParams(tensor_parallel_size=2, data_parallel_size=4,
+    params = GenerateVllmParams(tensor_parallel_size=2, data_parallel_size=4,
                         gpu_memory_utilization=0.85, max_model_len=4096, enforce_eager=True,
                         max_num_seqs=32, dtype="float16")
     cmd = build_serve_command(params, "/models/t", port=8123, served_name="x",
@@ -74,7 +74,7 @@ def test_serve_command_line():
     # The job's typed options, as flags (never a flag of the job's own).
     assert cmd[-5:] == ["--enforce-eager", "--max-num-seqs", "32", "--dtype", "float16"]
     # Same tokenizer dir as the model, no max_model_len: those flags are left out.
-    cmd = build_serve_command(VllmParams(), "/models/t", port=1, served_name="x",
+    cmd = build_serve_command(GenerateVllmParams(), "/models/t", port=1, served_name="x",
                               tokenizer_path="/models/t")
     assert "--tokenizer" not in cmd and "--max-model-len" not in cmd
     assert "--enforce-eager" not in cmd and "--dtype" not in cmd
@@ -112,7 +112,7 @@ def _server(tmp_path, env_extra=None, grace=30.0):
     port = free_port()
     # The fake in place of the default launcher (`python -m vllm.entrypoints.cli.main serve`).
     cmd = [*fake_executable(),
-           *build_serve_command(VllmParams(), "/models/fake", port=port, served_name="m")[4:]]
+           *build_serve_command(GenerateVllmParams(), "/models/fake", port=port, served_name="m")[4:]]
     env = {**os.environ, "FAKE_VLLM_RECORD": str(tmp_path / "rec.json"), **(env_extra or {})}
     return VllmServer(cmd, port, tmp_path / "server.log", pid_path=tmp_path / "server.pid",
                       env=env, stop_grace_s=grace)

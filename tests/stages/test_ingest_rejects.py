@@ -13,7 +13,7 @@ import pytest
 
 from workers.stages.common import StageError
 from workers.stages.ingest.stats import DatasetStats
-from workers.stages.records import write_dataset
+from tests.stages.records_support import write_dataset
 
 from .test_ingest_formats import run_ingest, write_jsonl
 

@@ -10,8 +10,8 @@ import pytest
 
 from workers.stages import mix
 from workers.stages.common import StageContext, StageError
-from workers.stages.ingest.stats import dataset_stats
-from workers.stages.records import DATA_FILE, iter_records, write_dataset
+from workers.stages.records import DATA_FILE, iter_records
+from tests.stages.records_support import dataset_stats, write_dataset
 
 from .test_ingest_formats import run_ingest
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tests.stages.conftest import target_input
 from workers.stages.common import StageContext
 from workers.stages.plan import run
-from workers.stages.records import write_dataset
+from tests.stages.records_support import write_dataset
 
 
 def _records(n: int, broken: set[int]) -> list[dict]:

@@ -12,7 +12,7 @@ import pytest
 from workers.stages.common import StageContext
 from workers.stages.plan import run
 from workers.stages.plan_time import DEFAULT_RATES, target_params
-from workers.stages.records import write_dataset
+from tests.stages.records_support import write_dataset
 from workers.stages.tinymodel import qwen3_tokenizer_dir
 
 # Qwen3.6-27B's shapes (docs/FIELD-NOTES.md "The seeds' target family"): hidden 5120, 64 layers, three

@@ -17,7 +17,7 @@ from workers.stages.common import StageContext, StageError
 from workers.stages.prepare import run, template_sha256, tokenize_record
 from workers.stages.prepare.masks import load_tokenizer
 from workers.stages.prepare.spans import RecordRejected
-from workers.stages.records import write_dataset
+from tests.stages.records_support import write_dataset
 
 
 @pytest.fixture(scope="module")

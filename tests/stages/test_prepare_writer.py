@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from workers.stages.prepare.writer import TokenizedWriter, rows_to_batch
+from tests.stages.prepare_support import rows_to_batch
+from workers.stages.prepare.writer import TokenizedWriter
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,7 +84,8 @@ RSS_CHILD = r"""
 import resource, sys
 import numpy as np
 sys.path.insert(0, sys.argv[3])
-from workers.stages.prepare.writer import TokenizedWriter, rows_to_batch
+from tests.stages.prepare_support import rows_to_batch
+from workers.stages.prepare.writer import TokenizedWriter
 n_batches = int(sys.argv[2])
 toks = [np.arange(4096, dtype=np.int64)] * 128            # 4 MiB of input_ids a batch
 ids = [str(i) for i in range(128)]

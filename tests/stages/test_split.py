@@ -10,7 +10,8 @@ import pytest
 from contracts.split import SplitParams, held_out_count
 from workers.stages import split
 from workers.stages.common import StageContext, StageError
-from workers.stages.records import iter_records, write_dataset
+from workers.stages.records import iter_records
+from tests.stages.records_support import write_dataset
 
 
 def _dataset(folder, n: int):

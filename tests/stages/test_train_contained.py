@@ -6,7 +6,7 @@ process group of the worker that supervises it. Within 5 s no process of the job
 job's folder afterwards, and the retried attempt is the only one that runs and writes there.
 
 The worker here is a stand-in process that does what workers/supervisor.py does with a stage,
-through the same code (procgroup.Attempt: start it, wait for it, sweep), in a process group
+through the same code (procgroup.AttemptProcesses: start it, wait for it, sweep), in a process group
 of its own like a real worker; the stage, torchrun and the ranks are the real ones."""
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ JOB = "job-contained"
 WORKER = """
 import os, sys
 from pathlib import Path
-from procgroup import Attempt
+from procgroup import AttemptProcesses
 deployment, job, attempt, spec = sys.argv[1:5]
-a = Attempt(deployment, job, int(attempt))
+a = AttemptProcesses(deployment, job, int(attempt))
 log = Path(spec).parent / f"stage-{attempt}.log"
 warm = None
 if sys.argv[5] == "warm":  # forked by this worker's warm starter, as Supervisor.start does

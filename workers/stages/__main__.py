@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None, watch: bool = True) -> int:
         return 130
     except Exception as e:  # noqa: BLE001  a crash: the log keeps the traceback
         traceback.print_exc()
-        # A full disk is the operator's to fix, not a bug of the stage: say so (issue 17).
+        # A full disk is the operator's to fix, not a bug of the stage: say so.
         full = isinstance(e, OSError) and e.errno == errno.ENOSPC
         ctx.emit("error", {"code": "disk_full" if full else "stage_crashed",
                            "message": ("no space left on the server's disk; free space, then "

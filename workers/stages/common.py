@@ -146,7 +146,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def check_roots(spec: dict) -> None:
-    """Defence in depth (issue 17 item 1): the API checked every path a client named; the
+    """Defence in depth: the API checked every path a client named; the
     stage checks the paths in its spec again against the roots the spec carries
     (`{"roots": {"data": [...], "model": [...], "artifacts": [...]}}`, written by the worker),
     so a path that slipped past the API (or a spec edited on disk) is still not opened. A spec

@@ -1,4 +1,4 @@
-"""Records a stage drops, in a form a user can read (issue 18).
+"""Records a stage drops, in a form a user can read.
 
 Counts by reason say how much went wrong; they do not say which records or why. Every stage
 that drops records keeps, with one `FailureLog`: the counts, a sample of

@@ -2,7 +2,7 @@
 
 pyarrow's default pool (mimalloc in pyarrow 26) keeps freed pages for reuse, and glibc's malloc
 raises its mmap threshold after the first big free, so that later batch-sized buffers come from
-the heap and fragment it. Measured on the scale bench's sets (issue 22), peak RSS of the stage
+the heap and fragment it. Measured on the scale bench's sets, peak RSS of the stage
 process at 50K -> 800K records (after the Parquet reads stopped pre-buffering, records.py):
 mix 287 -> 335 MB at 50K -> 200K with the defaults; with the system pool and a fixed mmap
 threshold (a batch's buffers are then mapped and given back whole) 259 -> 291 MB at 50K ->

@@ -202,7 +202,7 @@ def _fix(reasons: Counter[str], regen: bool) -> str | None:
 def _budget_warning(plan: Plan, parsed: dict, bad: int, n: int, fix: str | None) -> None:
     """Warn when the share of sampled records that fail would exceed the failure budget of
     the first stage that meets them: `force_plan` would otherwise start a run that stops
-    there (issue 18). The advice is `fix` where there is one (a missing stage), else the
+    there. The advice is `fix` where there is one (a missing stage), else the
     budget."""
     for stage, field in (("generate", "max_failure_share"), ("prepare", "max_reject_share")):
         if stage not in parsed:

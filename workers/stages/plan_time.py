@@ -1,4 +1,4 @@
-"""The plan's time estimates (issue 22): per stage, GPU-hours, wall time on the GPUs the run
+"""The plan's time estimates: per stage, GPU-hours, wall time on the GPUs the run
 gets, and the disk it writes, from per-GPU rates the plan names as assumptions.
 
 Cost model (per token; P = the target's parameters from its config, Pd = the drafter's):

@@ -1,4 +1,4 @@
-"""The plan's training estimate (issue 27): how many optimizer steps the run's train stage
+"""The plan's training estimate: how many optimizer steps the run's train stage
 will take, from the records it trains on, the tokens packed per step, the epochs and
 max_steps, and a warning when max_steps cannot be reached (`max_steps: 30` with one epoch of
 three packed batches trained 3 steps and said nothing).

@@ -18,7 +18,7 @@ not grow with the file.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,18 +141,11 @@ class DatasetWriter:
         self.close()
 
 
-def write_dataset(folder: Path | str, records: Iterable[dict]) -> int:
-    with DatasetWriter(folder) as w:
-        for r in records:
-            w.write(r)
-    return w.count
-
-
 def open_parquet(source) -> pq.ParquetFile:
     """A Parquet file to stream with `iter_batches`: with pyarrow's default `pre_buffer=True`
     the reader fetches and keeps the column chunks of every row group it is asked for, so
     iterating a whole file held all of it in memory by the end (RSS grew with the file: 92 MB
-    after 168K OpenOrca rows, and mix holds six files at once, issue 22). Without pre-buffering
+    after 168K OpenOrca rows, and mix holds six files at once). Without pre-buffering
     and with a read buffer, memory is about one page per column whatever the file's size (even
     a file written as one huge row group)."""
     return pq.ParquetFile(source, pre_buffer=False, buffer_size=READ_BUFFER)

@@ -5,7 +5,7 @@
 
 A run without an evaluation dataset starts with this stage (contracts/run.py), so generate,
 prepare, extract and train read only `train`, and evaluate measures on `held_out`: records
-the drafter never saw (issue 27). Which records are held out depends only on the number of
+the drafter never saw. Which records are held out depends only on the number of
 records and the seed (numpy's generator seeded with [seed, 27]), so a rerun, a retry or the
 plan picks the same ones. Both parts keep the dataset's record order; together they are the
 input exactly.

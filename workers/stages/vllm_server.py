@@ -9,7 +9,7 @@ engine and worker processes of tensor/data parallelism too), SIGTERM from the ke
 stage dies without unwinding (vLLM then stops its engines), and the attempt's tag, so the
 supervisor's sweep finds every process of it whatever happens to the stage (procgroup).
 
-Which vLLM runs is the server's setting, never a job's (issue 26): `DRAFTYARD_VLLM_COMMAND`,
+Which vLLM runs is the server's setting, never a job's (docs/STYLE.md rule 19): `DRAFTYARD_VLLM_COMMAND`,
 the launcher that `<model> --host ... --port ...` is appended to (split like a shell line),
 e.g. `/opt/vllm/bin/vllm serve` for a vLLM in a venv of its own. Default: `vllm serve` of the
 worker's own interpreter (`python -m vllm.entrypoints.cli.main serve`).

@@ -31,7 +31,7 @@ from tests.stages.vllm_cpu.support import (
 )
 from workers.stages.common import StageContext
 from procgroup import free_port
-from workers.stages.records import write_dataset
+from tests.stages.records_support import write_dataset
 
 # vLLM starts in minutes on two shared cores: far past the suite's 600 s per test.
 pytestmark = [pytest.mark.vllm_cpu, pytest.mark.timeout(3600)]

@@ -18,7 +18,7 @@ def _generation_meta(meta: dict) -> tuple[dict | None, str | None]:
 def template_mismatch(data_meta: dict, kwargs: dict, sha: str | None) -> str | None:
     """Why the data's template/thinking mode differs from the evaluation's, or None.
 
-    Mismatched thinking mode is the best-known cause of collapsed acceptance (issue 5), so
+    Mismatched thinking mode is the best-known cause of collapsed acceptance, so
     a drafter measured under another mode than it was trained for gets a misleading number.
     """
     data_kwargs, data_sha = _generation_meta(data_meta or {})

@@ -1,4 +1,4 @@
-"""Why a drafter is accepted or rejected, with the numbers that say so (issue 18).
+"""Why a drafter is accepted or rejected, with the numbers that say so.
 
 A verdict that accepts whatever was measured stops nothing: the seeds' drafter reached 1.1%
 acceptance and was served. So "accept" needs a floor (`min_tau`), a measured gain over the
@@ -87,7 +87,7 @@ def verdict(report: dict, p: EvalParams) -> tuple[str, str]:
     if lookup is not None:
         (problems if lookup[0] else passed).append(lookup[1])
     note = _lossless_note(report)
-    if report.get("evaluated_on"):  # what the numbers were measured on (issue 27)
+    if report.get("evaluated_on"):  # what the numbers were measured on
         note += f"; measured {report['evaluated_on']}"
     if problems:
         return "reject", "; ".join(problems) + _cause(report) + note

@@ -43,7 +43,7 @@ class InflatesTooMuch(ReaderError):
 
 class _Capped(io.RawIOBase):
     """A decompressing stream that stops past `cap` inflated bytes: a file in the data roots
-    is held to the cap uploads are (DRAFTYARD_MAX_DECOMPRESSED_BYTES; issue 26 item 7)."""
+    is held to the cap uploads are (DRAFTYARD_MAX_DECOMPRESSED_BYTES)."""
 
     def __init__(self, inner, cap: int, what: str):
         self.inner, self.cap, self.what, self.seen = inner, cap, what, 0

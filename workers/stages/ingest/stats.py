@@ -16,7 +16,6 @@ Definitions (per record unless said otherwise):
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -113,13 +112,3 @@ class DatasetStats:
                                    "p99": self.percentile(99), "max": self.max_len},
         }
 
-
-def dataset_stats(folder: str | Path, batch_rows: int = 8192) -> dict:
-    """Statistics of a dataset artifact folder, streaming its row groups."""
-    from workers.stages.records import DATA_FILE, open_parquet
-
-    st = DatasetStats()
-    pf = open_parquet(Path(folder) / DATA_FILE)
-    for batch in pf.iter_batches(batch_size=batch_rows, columns=["messages", "tools"]):
-        st.update(batch)
-    return st.result()

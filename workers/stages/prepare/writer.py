@@ -21,7 +21,7 @@ metadata), a new shard once the next batch would pass `max_shard_size`. The shar
 known only at the end, so shards are written as `.shard-<i>.arrow.part` and `finish` renames
 them to `data-<i>-of-<N>.arrow` and writes `state.json` and `dataset_info.json`. Memory stays
 one batch whatever the number of rows (the earlier scratch file + `Dataset.from_file` +
-`save_to_disk` memory-mapped the whole set: 4.7 GB of RSS at 800K records, issue 22).
+`save_to_disk` memory-mapped the whole set: 4.7 GB of RSS at 800K records).
 """
 
 from __future__ import annotations
@@ -51,12 +51,6 @@ def flatten_rows(input_ids: list[np.ndarray], loss_masks: list[np.ndarray]
     empty = np.zeros(0, dtype=np.int64)
     return (lens, np.concatenate(input_ids) if input_ids else empty,
             np.concatenate(loss_masks) if loss_masks else empty)
-
-
-def rows_to_batch(ids: list[str], input_ids: list[np.ndarray], loss_masks: list[np.ndarray]
-                  ) -> pa.RecordBatch:
-    """Build a record batch from per-row arrays without a per-token Python loop."""
-    return flat_to_batch(ids, *flatten_rows(input_ids, loss_masks))
 
 
 def flat_to_batch(ids: list[str], lengths: np.ndarray, flat_ids: np.ndarray,

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True)
     args = ap.parse_args(argv)
     # torchrun starts each rank in a session of its own: nothing but this reaches the rank
-    # when torchrun is SIGKILLed (issue 24), and a rank must not train on as an orphan.
+    # when torchrun is SIGKILLed, and a rank must not train on as an orphan.
     bind_to_parent(signal.SIGKILL)
     from workers.stages.train.job import TrainJob
     from workers.stages.train.loop import train

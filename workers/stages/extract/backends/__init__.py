@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contracts.extract import VllmParams
+from contracts.extract import ExtractVllmParams
 from workers.stages.extract.layers import LayerPlan
 
 Progress = Callable[[int, int], None]
@@ -34,7 +34,7 @@ class ExtractJob:
     folder: Path                  # where hs_{idx}.safetensors go (scratch under work_dir)
     work_dir: Path
     workers: int                  # hf: data-parallel processes
-    vllm: VllmParams
+    vllm: ExtractVllmParams
 
 
 def open_rows(tokenized_path: str) -> Any:

