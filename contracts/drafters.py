@@ -15,9 +15,9 @@ config.json), which is also what `drafter.type` takes in the API.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -63,6 +63,19 @@ class Eagle3Options(DrafterOptions):
         return self.ttt_steps
 
 
+class PEagleOptions(DrafterOptions):
+    # Parallel depths: the tokens one forward drafts (speculators' --num-depths, default 8).
+    num_depths: int = 8
+    # Seed positions sampled per packed row for the deeper depths (speculators' max_anchors).
+    num_anchors: int = 512
+    # The token of the slots drafted in parallel; resolved as for DFlash. vLLM reads it as
+    # its `pard_token`.
+    mask_token_id: int | None = None
+
+    def speculative_tokens(self) -> int:
+        return self.num_depths
+
+
 def _dflash_layers(n: int) -> list[int]:
     """Five layers evenly spaced from layer 1 to N-3 in z-lab's numbering (their id j is the
     *output* of layer j), i.e. j + 1 in ours; this is how speculators' DFlash converter maps
@@ -97,8 +110,13 @@ class DrafterDef:
     # evaluate stage's proposer (workers/stages/evaluate/proposers.py PROPOSERS).
     train: str = ""
     evaluate: str = ""
-    # vLLM's speculative method for a checkpoint of this type.
+    # Trained on speculators' shifted samples (token j+1 beside the hidden state of j,
+    # `models/eagle3/data.shift_batch`), as its CLI does for the EAGLE family.
+    shifted: bool = False
+    # vLLM's speculative method for a checkpoint of this type, and what else its
+    # --speculative-config needs (docs/methods.md says where each comes from).
     vllm_method: str = ""
+    vllm_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for key in ("train", "evaluate", "vllm_method"):
@@ -108,7 +126,8 @@ class DrafterDef:
     def speculative_config(self, num_speculative_tokens: int) -> dict[str, Any]:
         """vLLM's --speculative-config for a checkpoint of this type (its `model`, the
         checkpoint's path, is the caller's to add)."""
-        return {"method": self.vllm_method, "num_speculative_tokens": int(num_speculative_tokens)}
+        return {"method": self.vllm_method, "num_speculative_tokens": int(num_speculative_tokens),
+                **self.vllm_options}
 
 
 DEFAULT_DRAFTER = "dflash"
@@ -191,4 +210,9 @@ DrafterType = Annotated[str, AfterValidator(_known), Field(json_schema_extra=_en
 
 register(DrafterDef("dflash", DFlashOptions, _dflash_layers, draft_arch="qwen3",
                     default_loss="ce", position_weighting=True))
-register(DrafterDef("eagle3", Eagle3Options, _eagle3_layers, draft_arch="llama"))
+register(DrafterDef("eagle3", Eagle3Options, _eagle3_layers, draft_arch="llama", shifted=True))
+# P-EAGLE: EAGLE-3's inputs, all depths drafted in one forward from mask slots. speculators'
+# defaults for it: a qwen3 decoder, no norm before fc or on the output. vLLM serves it with
+# its EAGLE-3 proposer in parallel-drafting mode (docs/methods.md).
+register(DrafterDef("peagle", PEagleOptions, _eagle3_layers, draft_arch="qwen3", shifted=True,
+                    vllm_method="eagle3", vllm_options={"parallel_drafting": True}))

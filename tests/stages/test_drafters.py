@@ -38,7 +38,7 @@ def _enum(model, *path: str) -> list[str]:
 
 def test_every_list_of_drafter_types_is_the_registry():
     types = list(DRAFTERS)
-    assert types == ["dflash", "eagle3"]
+    assert types == ["dflash", "eagle3", "peagle"]
     assert _enum(ExtractParams, "properties", "drafter_type") == types
     assert _enum(DrafterParams, "properties", "type") == types
     assert _enum(RunSpec, "properties", "drafter", "properties", "type") == types
@@ -49,7 +49,8 @@ def test_every_list_of_drafter_types_is_the_registry():
     assert option_fields() <= set(DrafterParams.model_fields)
     for name, d in DRAFTERS.items():
         assert d.options.model_fields, name
-        assert d.speculative_config(3) == {"method": d.vllm_method, "num_speculative_tokens": 3}
+        assert d.speculative_config(3) == {"method": d.vllm_method, "num_speculative_tokens": 3,
+                                           **d.vllm_options}
 
 
 class FakeOptions(DrafterOptions):

@@ -14,7 +14,13 @@ trains, read from `speculators/models/dflash/core.py` and `models/eagle3/core.py
   j + 2; step k >= 1 feeds the previous step's prediction and output hidden state back in at
   the next position, attending to every step-0 slot and to its own earlier steps.
 
-Both map draft-vocabulary ids to target ids through d2t (`target = draft + d2t[draft]`).
+- P-EAGLE (parallel EAGLE, `models/peagle/core.py`): EAGLE-3's step 0 over the context,
+  plus K-1 slots after it holding the mask token and the learned `mask_hidden` in place of
+  a token and a hidden state; slot T-1+d predicts the token at T+1+d. Causal attention over
+  the context and the slots reproduces its training mask for a single rollout, so all K
+  tokens come from one forward.
+
+All map draft-vocabulary ids to target ids through d2t (`target = draft + d2t[draft]`).
 """
 
 from __future__ import annotations
@@ -202,12 +208,68 @@ class Eagle3Proposer:
         return steps[anchors - 1]
 
 
+class PEagleProposer(Eagle3Proposer):
+    kind = "peagle"
+
+    def _forward(self, in_ids: Any, hidden: Any, pos: Any) -> Any:
+        """Logits [1, q, draft_vocab] of the slots (causal: SDPA's is_causal, no mask)."""
+        import torch
+
+        m = self.m
+        hs = torch.cat([m.embed_tokens(in_ids), hidden], dim=-1)  # shape: [1, q, 2*hidden]
+        pe = m.rotary_emb(hs, pos)
+        for layer in m.layers:
+            hs = layer(hs, attention_mask=None, position_ids=pos, position_embeddings=pe)
+        return m.lm_head(m.norm(hs))
+
+    def _mask_slots(self, n: int) -> tuple[Any, Any]:
+        """(token ids [1, n], projected hidden [1, n, hidden]) of n parallel-draft slots."""
+        import torch
+
+        m, dev = self.m, self.ctx.device
+        ids = torch.full((1, n), m.mask_token_id, dtype=torch.long, device=dev)
+        hidden = self._project(m.mask_hidden.to(self.ctx.dtype)).expand(1, n, -1)
+        return ids, hidden
+
+    def propose(self, tokens: list[int]) -> list[int]:
+        """K tokens after `tokens` (len T + 1: positions 0..T, hidden states known for 0..T-1)."""
+        import torch
+
+        t, k, dev = self.ctx.shape[1], self.num_spec, self.ctx.device
+        # Slot j holds token j + 1 and hidden state j, as in training (shifted samples);
+        # positions count slots from 0, as P-EAGLE's training forward does.
+        ids, hidden = self._mask_slots(k - 1)
+        in_ids = torch.cat([torch.tensor([tokens[1:t + 1]], dtype=torch.long, device=dev),
+                            ids], dim=1)
+        with torch.no_grad():
+            hid = torch.cat([self.ctx, hidden], dim=1)  # shape: [1, T + K - 1, hidden]
+            pos = torch.arange(t + k - 1, device=dev).unsqueeze(0)
+            logits = self._forward(in_ids, hid, pos)[:, t - 1:]  # shape: [1, K, draft_vocab]
+            return _to_target(self.m, logits.argmax(-1))[0].tolist()
+
+    def teacher_forced(self, aux: Any, input_ids: Any, anchors: Any) -> Any:
+        """Predictions [A, K] (target ids) for drafts anchored at `anchors`: one forward per
+        anchor over its context and K-1 mask slots (what `propose` runs there)."""
+        import torch
+
+        out = []
+        with torch.no_grad():
+            proj = self._project(aux)  # shape: [1, T, hidden]
+        for p in anchors.tolist():
+            self.ctx = proj[:, :p]
+            out.append(self.propose(input_ids[:p + 1].tolist()))
+        self.ctx = None
+        return torch.tensor(out, dtype=torch.long, device=aux.device).view(-1, self.num_spec)
+
+
+Proposer = DFlashProposer | Eagle3Proposer
+
 # A drafter type's evaluate key (contracts/drafters.py `evaluate`) -> how it drafts.
-PROPOSERS: dict[str, type[DFlashProposer] | type[Eagle3Proposer]] = {
-    "dflash": DFlashProposer, "eagle3": Eagle3Proposer}
+PROPOSERS: dict[str, type[Proposer]] = {
+    "dflash": DFlashProposer, "eagle3": Eagle3Proposer, "peagle": PEagleProposer}
 
 
-def make_proposer(model: Any, num_spec: int | None = None) -> DFlashProposer | Eagle3Proposer:
+def make_proposer(model: Any, num_spec: int | None = None) -> Proposer:
     kind = model.config.speculators_model_type
     if kind not in DRAFTERS or DRAFTERS[kind].evaluate not in PROPOSERS:
         raise StageError("unsupported_drafter", f"drafter type {kind!r} is not supported")

@@ -1,4 +1,4 @@
-"""Build the speculators draft model (DFlash or EAGLE-3) for a `TrainJob`, with
+"""Build the speculators draft model (a type of contracts/drafters.py) for a `TrainJob`, with
 speculators' own constructors: `create_transformer_layer_config` (the decoder shaped from
 the target config), `build_vocab_mappings_from_distribution` (d2t/t2d),
 `<Model>.from_training_args` (config + verifier embeddings/lm_head/norm) and
@@ -70,8 +70,16 @@ def _eagle3_kwargs(job: TrainJob) -> dict:
             "embed_requires_grad": False}
 
 
+def _peagle_kwargs(job: TrainJob) -> dict:
+    # speculators' defaults for P-EAGLE (train/config/schema.py): no norm before fc or on
+    # the output; its config trains the embeddings (PEagleSpeculatorConfig).
+    return {"num_depths": job.p.drafter.num_depths, "mask_token_id": job.mask_token_id,
+            "norm_before_residual": True, "norm_before_fc": False, "fc_norm": False,
+            "norm_output": False}
+
+
 # A drafter type's train recipe (contracts/drafters.py `train`) -> its model kwargs.
-RECIPES = {"dflash": _dflash_kwargs, "eagle3": _eagle3_kwargs}
+RECIPES = {"dflash": _dflash_kwargs, "eagle3": _eagle3_kwargs, "peagle": _peagle_kwargs}
 
 
 def build_model(job: TrainJob):
@@ -111,15 +119,15 @@ def trainer_kwargs(job: TrainJob, device_type: str) -> dict:
         "per_position_loss_weight": p.dflash_weighting,
         "dflash_decay_gamma": DFLASH_DECAY_GAMMA, "dpace_alpha": DPACE_ALPHA,
         "max_anchors": d.num_anchors or 512, "ttt_steps": d.ttt_steps or 1,
-        "ttt_step_loss_decay": 1.0,
+        "ttt_step_loss_decay": 1.0, "num_depths": d.num_depths or 8,
     }
     train_kwargs, _val = SpeculatorModel.registry[d.type].get_trainer_kwargs(**kwargs)
     return train_kwargs
 
 
 def preprocess_fn(job: TrainJob):
-    """Per-sample shift EAGLE-3 needs before packing (speculators' `shift_batch`)."""
-    if drafter(job.p.drafter.type).train != "eagle3":
+    """Per-sample shift the EAGLE family needs before packing (speculators' `shift_batch`)."""
+    if not drafter(job.p.drafter.type).shifted:
         return None
     from speculators.models.eagle3.data import shift_batch
 

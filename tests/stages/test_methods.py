@@ -1,0 +1,101 @@
+"""Each drafter method beyond DFlash and EAGLE-3 (docs/methods.md), end to end on the tiny
+target: the train stage trains it a few dozen steps with speculators' model class and loss,
+the evaluate stage runs draftyard's greedy speculative decoding with it and with the same
+drafter untrained, and the artifact carries the `vllm serve` line vLLM serves it with.
+
+The target is the tiny Qwen3 briefly trained on a repetitive chat set (tests/stages/
+train_support.py); held-out prompts come from the same distribution (docs/FIELD-NOTES.md:
+evaluate on the training distribution when testing the pipeline).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.stages import train_support as ts
+from tests.stages.conftest import target_input
+from workers.stages.common import StageContext
+from workers.stages.records import write_dataset
+
+CLEAR_GAP = 1.0  # trained tau must beat untrained tau by at least this
+
+
+def _train(tmp: Path, train_data, params: dict) -> tuple[dict, dict, dict]:
+    """(spec, summary, the drafter artifact) of one train stage run."""
+    from workers.stages.train import run
+
+    target, tok, hs = train_data
+    spec = ts.train_spec(tmp, target, tok, hs, params)
+    ctx = StageContext.from_spec(spec)
+    try:
+        summary = run(spec, ctx)
+    finally:
+        ctx.close()
+    (art,) = ctx.artifacts
+    return spec, summary, art
+
+
+def _evaluate(tmp: Path, target: Path, drafter_dir: Path, n: int = 4,
+              max_new: int = 24) -> dict:
+    """The evaluate stage's report for `drafter_dir` on `n` prompts like the training ones."""
+    from workers.stages.evaluate import run
+
+    write_dataset(tmp / "heldout", [
+        {"id": f"h{i}", "source": f"test:{i}",
+         "messages": [{"role": "user", "content": f"Say {ts.WORDS[i % len(ts.WORDS)]}."}]}
+        for i in range(n)])
+    spec = {
+        "inputs": {"target": target_input(target),
+                   "drafter": {"path": str(drafter_dir), "meta": {}},
+                   "data": {"path": str(tmp / "heldout"), "kind": "dataset", "meta": {}}},
+        "params": {"num_prompts": n, "max_new_tokens": max_new, "min_tau": 1.5,
+                   "chat_template_kwargs": {"enable_thinking": False}},
+        "out_dir": str(tmp / "eval_out"), "work_dir": str(tmp / "eval_work"),
+    }
+    run(spec, StageContext.from_spec(spec))
+    return json.loads((tmp / "eval_out" / "report" / "report.json").read_text())
+
+
+def _served(meta: dict, target: Path) -> dict:
+    """The --speculative-config of the artifact's `vllm serve` line, checked for its form."""
+    line = meta["vllm_serve_command"]
+    assert line.startswith(f"vllm serve {target} --speculative-config "), line
+    served = json.loads(line.split("--speculative-config ", 1)[1][1:-1])
+    assert served == {"model": "<drafter_path>", **meta["vllm_speculative_config"]}
+    return served
+
+
+def _check_learned(summary: dict, report: dict, n: int) -> None:
+    assert summary["final_loss"] < 0.6 * summary["initial_loss"], summary
+    base = report["baseline"]
+    assert base["kind"] == "untrained"
+    assert report["lossless"]["equal"] == n and base["lossless"]["equal"] == n
+    assert report["tau"] >= base["tau"] + CLEAR_GAP, (report["tau"], base["tau"])
+    rates = report["acceptance_rate_per_position"]
+    assert rates == sorted(rates, reverse=True)
+    print(json.dumps({"tau": report["tau"], "tau_untrained": base["tau"],
+                      "tau_sim": report["tau_sim"], "per_position": rates}))
+
+
+def test_peagle_trains_evaluates_and_serves_as_parallel_eagle3(train_data, tmp_path):
+    from speculators.model import SpeculatorModel
+
+    target = train_data[0]
+    params = {"drafter": {"type": "peagle", "num_depths": 4, "num_anchors": 64},
+              "seq_length": 512, "lr": 3e-2, "epochs": 100, "max_steps": 40,
+              "checkpoint_every": 100, "log_every": 5}
+    spec, summary, art = _train(tmp_path, train_data, params)
+    drafter_dir = Path(spec["out_dir"]) / "drafter"
+    loaded = SpeculatorModel.from_pretrained(str(drafter_dir))
+    assert type(loaded).__name__ == "PEagleDraftModel"
+    assert loaded.config.mask_token_id == art["meta"]["mask_token_id"] is not None
+    # vLLM has no `peagle` method: its EAGLE-3 proposer drafts in parallel from the
+    # checkpoint's mask token (docs/methods.md).
+    assert _served(art["meta"], target) == {
+        "model": "<drafter_path>", "method": "eagle3", "num_speculative_tokens": 4,
+        "parallel_drafting": True}
+
+    report = _evaluate(tmp_path, target, drafter_dir)
+    assert len(report["acceptance_rate_per_position"]) == 4
+    _check_learned(summary, report, 4)
