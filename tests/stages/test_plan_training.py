@@ -42,3 +42,27 @@ def test_packing_and_scaling():
     # 30 records (no split) of ~100 tokens, 2 a step: 15 steps an epoch, max_steps unreachable
     assert est["steps"] == 15 and est["held_out"] == 0 and len(warnings) == 1
     assert estimate_training({}, [100], 5, []) is None
+
+
+def test_draft_vocab_coverage_is_reported_and_warns_when_low(tiny_target, templates_dir,
+                                                             tmp_path):
+    # Answers of Python's builtin names (hundreds of distinct tokens): a 16-token draft
+    # vocabulary covers a small share, the default 2,048 all of it.
+    import builtins
+
+    names = sorted(n for n in dir(builtins) if not n.startswith("_"))
+    records = [{"id": f"r{i}", "source": f"t:{i + 1}", "messages": [
+        {"role": "user", "content": f"list {i}"},
+        {"role": "assistant", "content": " ".join(names[i * 7:i * 7 + 20])}]}
+        for i in range(20)]
+    small = _plan(tmp_path / "a", tiny_target, templates_dir, records,
+                  {"train": {"drafter": {"type": "dflash", "draft_vocab_size": 16}},
+                   "evaluate": {}})
+    cov = small["estimates"]["draft_vocab_coverage"]
+    assert cov["draft_vocab_size"] == 16 and cov["training"] < 0.95
+    assert cov["held_out"] is not None and cov["held_out"] <= 1.0
+    assert [w for w in small["warnings"] if "draft vocabulary of 16 tokens covers only" in w]
+    full = _plan(tmp_path / "b", tiny_target, templates_dir, records,
+                 {"train": {}, "evaluate": {}})
+    assert full["estimates"]["draft_vocab_coverage"]["training"] == 1.0
+    assert not [w for w in full["warnings"] if "draft vocabulary" in w]

@@ -30,7 +30,7 @@ from workers.stages.extract.planner import disk_check, estimate_hidden_state_byt
 from workers.stages.failures import source_line
 from workers.stages.kernel import parse_params
 from workers.stages.plan_time import estimate, merge_rates, weights_check
-from workers.stages.plan_training import estimate_training
+from workers.stages.plan_training import estimate_training, vocab_coverage
 from workers.stages.prepare import resolve_setup
 from workers.stages.prepare.masks import RecordRejected, build_masker
 from workers.stages.records import count_records, iter_records
@@ -138,6 +138,7 @@ def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, di
     regen = "generate" in chain
     gen_tokens = (parsed["generate"].max_tokens if regen and "generate" in parsed else 0)
     lengths: list[int] = []
+    trained: list[list[int]] = []  # loss-masked token ids of records with their own answers
     reasons: Counter[str] = Counter()
     n = 0
     for rec in itertools.islice(iter_records(dataset["path"]), sample):
@@ -158,6 +159,8 @@ def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, di
             extra = (gen_tokens - len(masker.tokenizer(PLACEHOLDER_ANSWER)["input_ids"])
                      if regen else 0)
             lengths.append(len(out.input_ids) + max(0, extra))
+            if not regen:
+                trained.append([int(t) for t, m in zip(out.input_ids, out.loss_mask) if m])
         except RecordRejected as e:
             reason = f"{e.code}: {e.detail}" if e.detail else e.code
             reasons[e.code] += 1
@@ -176,6 +179,7 @@ def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, di
                failed=int(bad), sampled=n)
     if bad:
         _budget_warning(plan, parsed, int(bad), n, fix)
+    _coverage(plan, parsed, trained, regen)
     if lengths:
         arr = np.asarray(lengths)
         pct = {f"p{q}": int(np.percentile(arr, q)) for q in (50, 90, 99)} | {"max": int(arr.max())}
@@ -188,6 +192,18 @@ def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, di
             plan.warnings.append(f"{over} sampled records will be truncated to "
                                  f"{prep.seq_length} tokens")
     return lengths
+
+
+def _coverage(plan: Plan, parsed: dict, trained: list[list[int]], regen: bool) -> None:
+    train = parsed.get("train")
+    if train is None:
+        return
+    if regen:  # the target writes the answers: their tokens are unknown until generate ran
+        plan.estimates["draft_vocab_coverage"] = {"skipped": "answers are regenerated"}
+        return
+    cov = vocab_coverage(trained, train.drafter.draft_vocab_size, plan.warnings)
+    if cov is not None:
+        plan.estimates["draft_vocab_coverage"] = cov
 
 
 def _fix(reasons: Counter[str], regen: bool) -> str | None:

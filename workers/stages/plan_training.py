@@ -58,3 +58,41 @@ def estimate_training(parsed: dict[str, Any], lengths: list[int], records: int,
             f"tokens per step) give {from_epochs} step(s); set stages.train.epochs to {need} "
             f"or more, or lower max_steps")
     return out
+
+
+# Below this share of trained tokens in the draft vocabulary, a drafter cannot propose the
+# rest at all (docs/FIELD-NOTES.md: a draft vocabulary missing the answers' tokens gave tau
+# exactly 1.00).
+MIN_VOCAB_COVERAGE = 0.95
+
+
+def vocab_coverage(trained: list[list[int]], draft_vocab: int | None,
+                   warnings: list[str]) -> dict[str, Any] | None:
+    """Share of the sampled records' trained tokens inside a draft vocabulary of the
+    `draft_vocab` most frequent of them (as prepare picks it), on the records themselves and
+    on held-out ones (the vocabulary from the first half, measured on the second: what an
+    evaluation on unseen prompts meets). None without a draft vocabulary or tokens."""
+    from collections import Counter
+
+    if not draft_vocab or sum(map(len, trained)) == 0:
+        return None
+
+    def cover(vocab_from: list[list[int]], on: list[list[int]]) -> float | None:
+        top = {t for t, _ in Counter(t for r in vocab_from for t in r).most_common(draft_vocab)}
+        n = sum(map(len, on))
+        return round(sum(t in top for r in on for t in r) / n, 4) if n else None
+
+    half = len(trained) // 2
+    out = {"draft_vocab_size": draft_vocab, "training": cover(trained, trained),
+           "held_out": cover(trained[:half], trained[half:]) if half else None}
+    # A half-sample with fewer distinct tokens than the vocabulary says the sample is small,
+    # not that the vocabulary is: its held-out share is reported, not warned about.
+    filled = len({t for r in trained[:half] for t in r}) >= draft_vocab
+    shares = {k: v for k in ("training", "held_out")
+              if isinstance(v := out[k], float) and (k == "training" or filled)}
+    low = [f"{k} {v:.1%}" for k, v in shares.items() if v < MIN_VOCAB_COVERAGE]
+    if low:
+        warnings.append(f"the draft vocabulary of {draft_vocab} tokens covers only "
+                        f"{', '.join(low)} of the sampled trained tokens: a drafter cannot "
+                        "propose the rest; raise stages.train.drafter.draft_vocab_size")
+    return out

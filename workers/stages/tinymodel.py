@@ -27,12 +27,14 @@ def qwen3_tokenizer_dir() -> Path:
 def build_tiny_target(out_dir: Path | str, arch: str = "qwen3", hidden: int = 64,
                       layers: int = 8, intermediate: int = 128, heads: int = 4,
                       kv_heads: int = 2, seed: int = 0, chat_template: str | None = None,
-                      zero_whitespace: bool = False) -> Path:
+                      zero_whitespace: bool = False, tied: bool = True) -> Path:
     """Write a random tiny target (config, safetensors weights, tokenizer) to out_dir.
 
     `zero_whitespace`: zero the (tied) embedding rows of whitespace-only tokens. A random
     hybrid answers greedily with one whitespace token repeated, which generate rightly drops
     as an empty answer; with those logits at 0 it answers with varied text (docs/FIELD-NOTES.md).
+    `arch="llama"`: the Llama architecture of SmolLM2 (tests/stages/test_train_heads.py);
+    `tied=False` gives it a logits head of its own (stored as `lm_head.weight`).
     """
     import torch
     from transformers import AutoTokenizer
@@ -46,7 +48,7 @@ def build_tiny_target(out_dir: Path | str, arch: str = "qwen3", hidden: int = 64
     common = dict(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        head_dim=hidden // heads, max_position_embeddings=4096, tie_word_embeddings=True,
+        head_dim=hidden // heads, max_position_embeddings=4096, tie_word_embeddings=tied,
         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tok.pad_token_id, bos_token_id=None,
     )
@@ -66,8 +68,12 @@ def build_tiny_target(out_dir: Path | str, arch: str = "qwen3", hidden: int = 64
             linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
         )
         model = Qwen3_5ForCausalLM(cfg)
+    elif arch == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        model = LlamaForCausalLM(LlamaConfig(**common))
     else:
-        raise ValueError(f"unknown tiny arch {arch!r}: qwen3 or qwen3_5")
+        raise ValueError(f"unknown tiny arch {arch!r}: qwen3, qwen3_5 or llama")
     if zero_whitespace:
         texts = tok.batch_decode([[i] for i in range(vocab)])
         blank = torch.tensor([i for i, t in enumerate(texts) if not t.strip()])

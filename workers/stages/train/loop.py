@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from workers.stages.common import StageError, write_json_atomic
-from workers.stages.train import build, checkpoint, data, metrics, runtime
+from workers.stages.train import build, checkpoint, data, heads, metrics, runtime
 from workers.stages.train.job import TrainJob
 
 GRAD_CLIP = 1.0            # speculators' trainer clips every step at 1.0
@@ -107,6 +107,8 @@ class Run:
         model = build.build_model(job)
         if self.ckpt is not None:
             checkpoint.load_model_weights(self.ckpt, model)
+        if topo.is_main:  # the draft's logits must be the target's (train/heads.py)
+            heads.check_drafter_heads(model, job.target_path, self._warn)
         self.raw = model.to(self.device)
         self.raw.train()
         self.model = runtime.wrap(self.raw, topo, self.device, self.hs_dtype)
