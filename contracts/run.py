@@ -12,17 +12,24 @@ What is pinned once, here:
 - the target layer ids: `stages.extract.layer_ids` or `drafter.target_layer_ids` (two
   spellings of one choice; they must agree), given to extract and to train's drafter;
 - the drafter type and draft vocabulary, given to extract and prepare.
+
+A run names one drafter (`drafter`) or several to compare (`drafters`, each with a `name`):
+they share split, generate and prepare, and one extract per distinct set of stored layers;
+each gets its own train and evaluate on the same evaluation data, which the run's report
+ranks (docs/compare-drafters.md). A job's key in the run is its stage (`train`), or for a
+job of one of several drafters `<stage>:<name>` (`train:b8`); inputs name keys.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.bounds import JsonObject, check_json
-from contracts.drafters import DrafterType
+from contracts.drafters import DrafterType, drafter
 from contracts.jobtypes import JOB_TYPES
 
 STAGE_ORDER = ("split", "generate", "prepare", "extract", "train", "evaluate")
@@ -51,6 +58,37 @@ class DrafterSpec(BaseModel):
         return self
 
 
+class NamedDrafter(DrafterSpec):
+    """One of a run's `drafters`: a drafter, its label in the run and its own train params."""
+
+    name: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$",
+        description="its label in the run (job keys, the report); default: its type")
+    train: JsonObject | None = Field(
+        None, description="train params of this drafter only, over stages.train")
+
+    def config(self) -> dict[str, Any]:
+        """The drafter's own fields (what train's `drafter` gets), without label and train."""
+        return self.model_dump(exclude_none=True, exclude={"name", "train"})
+
+
+# How many drafters one run compares: each costs a train and an evaluate.
+MAX_DRAFTERS = 8
+
+
+class RunDrafter(BaseModel):
+    """One drafter of a run as the expansion uses it: `name` None for a run's one `drafter`,
+    `param` where the body spells it (`drafter`, `drafters.2`)."""
+
+    name: str | None
+    param: str
+    spec: DrafterSpec
+    train: dict[str, Any] = Field(default_factory=dict)
+
+    def key(self, stage: str) -> str:
+        return stage if self.name is None else f"{stage}:{self.name}"
+
+
 class Stages(BaseModel):
     """Each stage's params (the stage's own contract, checked after expansion). `generate`
     and `evaluate` null: skipped. `extract` null: only with mode online. `split`: how much
@@ -67,13 +105,22 @@ class Stages(BaseModel):
 
 
 class StageJob(BaseModel):
-    """One job of a run: `inputs` name earlier stages of the same run as `"@<stage>"`, or
-    one named output of a stage as `"@<stage>.<output>"`."""
+    """One job of a run: `inputs` name earlier jobs of the same run by key as `"@<key>"`, or
+    one named output of a job as `"@<key>.<output>"`. `key` is unique in the run: the stage,
+    or `<stage>:<drafter name>` for the jobs of one of several drafters; `drafter`: that name
+    (None for shared jobs and a one-drafter run's)."""
 
     stage: str
+    key: str = ""
+    drafter: str | None = None
     inputs: dict[str, Any]
     params: dict[str, Any]
     gpus: int = 0
+
+    @model_validator(mode="after")
+    def _default_key(self) -> "StageJob":
+        self.key = self.key or self.stage
+        return self
 
 
 class RunSpec(BaseModel):
@@ -81,7 +128,9 @@ class RunSpec(BaseModel):
     name: str = Field(min_length=1, max_length=200)
     target_id: str
     dataset_id: str
-    drafter: DrafterSpec
+    # One drafter, or several to compare on one prepared dataset (exactly one of the two).
+    drafter: DrafterSpec | None = None
+    drafters: list[NamedDrafter] | None = Field(None, min_length=1, max_length=MAX_DRAFTERS)
     stages: Stages = Field(default_factory=Stages)
     mode: Literal["offline", "online"] = "offline"
     chat_template_kwargs: JsonObject | None = None
@@ -110,14 +159,48 @@ class RunSpec(BaseModel):
         return {**(self.chat_template_kwargs or {}),
                 **((stage or {}).get("chat_template_kwargs") or {})}
 
-    def layer_ids(self) -> list[int] | None:
-        """The target's aux layer ids the drafter is trained on; None: the drafter type's
-        defaults (resolved against the target's config by the stages). Three spellings of one
-        choice, which must agree: extract's `layer_ids`, the run's and train's drafter's
-        `target_layer_ids`."""
+    def run_drafters(self) -> list[RunDrafter]:
+        """The run's drafters: its one `drafter`, or each of `drafters` with a distinct name
+        (its type by default) and a distinct config (the same drafter twice would train
+        the same thing twice)."""
+        if (self.drafter is None) == (self.drafters is None):
+            raise RunSpecError("drafters" if self.drafter else "drafter",
+                               "give either drafter (one) or drafters (several to compare), "
+                               "not both" if self.drafter else "drafter is required (or "
+                               "drafters, a list, to compare several)")
+        if self.drafter is not None:
+            return [RunDrafter(name=None, param="drafter", spec=self.drafter)]
+        out: list[RunDrafter] = []
+        for i, d in enumerate(self.drafters or []):
+            name, param = d.name or d.type, f"drafters.{i}"
+            for own in ("drafter", "mode"):
+                if own in (d.train or {}):
+                    raise RunSpecError(f"{param}.train.{own}", f"{param}.train.{own}: a "
+                                       "drafter's train params cannot set it (" + (
+                                           f"give its fields in {param} itself)" if own ==
+                                           "drafter" else "the run's mode is every drafter's)"))
+            for j, other in enumerate(out):
+                if other.name == name:
+                    raise RunSpecError(f"{param}.name", f"{other.param} and {param} are both "
+                                       f"named {name!r}; give each drafter a distinct name")
+                if other.spec.model_dump(exclude_none=True) == d.config() and \
+                        other.train == (d.train or {}):
+                    raise RunSpecError(param, f"{param} is the same drafter as drafters.{j} "
+                                       "(same type, options and train params)")
+            out.append(RunDrafter(name=name, param=param,
+                                  spec=DrafterSpec.model_validate(d.config()),
+                                  train=d.train or {}))
+        return out
+
+    def layer_ids(self, d: RunDrafter | None = None) -> list[int] | None:
+        """The target's aux layer ids drafter `d` (default: the run's first) is trained on;
+        None: the drafter type's defaults (resolved against the target's config by the
+        stages). Three spellings of one choice, which must agree: extract's `layer_ids`, the
+        drafter's and train's drafter's `target_layer_ids`."""
+        d = d or self.run_drafters()[0]
         given = {where: ids for where, ids in (
             ("stages.extract.layer_ids", (self.stages.extract or {}).get("layer_ids")),
-            ("drafter.target_layer_ids", self.drafter.target_layer_ids),
+            (f"{d.param}.target_layer_ids", d.spec.target_layer_ids),
             ("stages.train.drafter.target_layer_ids",
              (self.stages.train.get("drafter") or {}).get("target_layer_ids")))
             if ids is not None}
@@ -127,21 +210,42 @@ class RunSpec(BaseModel):
                                " disagree; give the layer ids once")
         return next(iter(given.values()), None)
 
+    def field_of(self, key: str, where: str = "") -> str:
+        """The body's field that the param `where` (`.drafter.block_size`, `.lr`) of job
+        `key` came from: `stages.<stage><where>`, or for one of several drafters its own
+        entry where that entry gave the field (`drafters.<i>.block_size`)."""
+        stage, _, name = key.partition(":")
+        for i, d in enumerate(self.drafters or []):
+            if name and (d.name or d.type) == name:
+                head, _, rest = where.lstrip(".").partition(".")
+                field = rest.split(".")[0]
+                if head == "drafter" and (field in d.config() or field not in (
+                        self.stages.train.get("drafter") or {})):
+                    # its own field, or the drafter as a whole (a rule across its fields)
+                    return f"drafters.{i}" + (f".{rest}" if field in d.config() else "")
+                if head and head in (d.train or {}):
+                    return f"drafters.{i}.train{where}"
+        return f"stages.{stage}{where}"
+
     def expand(self) -> list[StageJob]:
         """The jobs of this run, in order, with explicit params."""
         st = self.stages
+        drafters = self.run_drafters()
         if self.mode == "offline" and st.extract is None:
             raise RunSpecError("stages.extract", "an offline run needs the extract stage "
                                "(stored hidden states); set mode to online to skip it")
-        layers = self.layer_ids()
+        layers = {d.param: self.layer_ids(d) for d in drafters}
         if self.evaluation == "in_sample" and (st.evaluate or {}).get("data"):
             raise RunSpecError("evaluation", "evaluation \"in_sample\" and "
                                "stages.evaluate.data both given; choose one")
         jobs: list[StageJob] = []
 
-        def add(stage: str, inputs: dict[str, Any], params: dict[str, Any]) -> None:
+        def add(stage: str, inputs: dict[str, Any], params: dict[str, Any],
+                d: RunDrafter | None = None, key: str | None = None) -> None:
             gpus = int(params.pop("gpus", 0) or 0)
-            jobs.append(StageJob(stage=stage, inputs=inputs, params=params, gpus=gpus))
+            jobs.append(StageJob(stage=stage, key=key or (d.key(stage) if d else stage),
+                                 drafter=d.name if d else None, inputs=inputs,
+                                 params=params, gpus=gpus))
 
         data_ref: str = self.dataset_id
         if self.holds_out():  # before any stage reads the records (contracts/split.py)
@@ -152,33 +256,66 @@ class RunSpec(BaseModel):
                 {**st.generate, "chat_template_kwargs": self.template_kwargs(st.generate)})
             data_ref = "@generate"
         p = {**st.prepare, "chat_template_kwargs": self.template_kwargs(st.prepare)}
-        if self.drafter.draft_vocab_size and "draft_vocab_size" not in p:
-            p["draft_vocab_size"] = self.drafter.draft_vocab_size
+        # The draft vocabulary prepare stores ready-made; train builds any other size from
+        # the token counts prepare stores anyway (workers/stages/train/job.py).
+        vocab = {d.spec.draft_vocab_size for d in drafters if d.spec.draft_vocab_size}
+        if len(vocab) == 1 and "draft_vocab_size" not in p:
+            p["draft_vocab_size"] = vocab.pop()
         add("prepare", {"dataset": data_ref, "target": self.target_id}, p)
-        train_in: dict[str, Any] = {"tokenized": "@prepare", "target": self.target_id}
-        if self.mode == "offline":
-            p = {**(st.extract or {}), "drafter_type": (st.extract or {}).get(
-                "drafter_type", self.drafter.type)}
-            if layers is not None:
-                p["layer_ids"] = layers
-            add("extract", {"tokenized": "@prepare", "target": self.target_id}, p)
-            train_in["hidden_states"] = "@extract"
-        drafter = {**self.drafter.model_dump(exclude_none=True),
-                   **(st.train.get("drafter") or {})}
-        if layers is not None:
-            drafter["target_layer_ids"] = layers
-        add("train", train_in, {**st.train, "mode": self.mode, "drafter": drafter})
+        extract_of = self._extracts(drafters, layers, add) if self.mode == "offline" else {}
+        for d in drafters:
+            train_in: dict[str, Any] = {"tokenized": "@prepare", "target": self.target_id}
+            if d.param in extract_of:
+                train_in["hidden_states"] = "@" + extract_of[d.param]
+            shared = st.train.get("drafter") or {}
+            # One drafter: stages.train.drafter overrides it (as always); several: it is
+            # what they share, and each drafter's own fields win.
+            cfg = ({**d.spec.model_dump(exclude_none=True), **shared} if d.name is None
+                   else {**shared, **d.spec.model_dump(exclude_none=True)})
+            if layers[d.param] is not None:
+                cfg["target_layer_ids"] = layers[d.param]
+            add("train", train_in, {**st.train, **d.train, "mode": self.mode, "drafter": cfg},
+                d)
         if st.evaluate is not None:
-            p = {**st.evaluate, "chat_template_kwargs": self.template_kwargs(st.evaluate)}
-            given = p.pop("data", None)
-            # data of the run's own stages ("@generate") is what it trained on: in-sample
-            own = isinstance(given, str) and given.startswith("@")
-            p["evaluated_on"] = ("in_sample" if own or (not given and not self.holds_out())
-                                 else "given" if given else "held_out")
-            add("evaluate", {"target": self.target_id, "drafter": "@train",
-                             "data": given or ("@split.held_out" if self.holds_out()
-                                               else "@prepare")}, p)
+            for d in drafters:
+                self._evaluate(d, add)
         return jobs
+
+    def _extracts(self, drafters: list[RunDrafter], layers: dict[str, list[int] | None],
+                  add: Callable[..., None]) -> dict[str, str]:
+        """One extract per distinct set of stored layers: explicit ids, or a type's default
+        rule (drafter types with one rule share it). Answers each drafter's extract key."""
+        st = self.stages
+        groups: dict[Any, list[RunDrafter]] = {}
+        for d in drafters:
+            kind = drafter(d.spec.type)
+            ids = layers[d.param]
+            groups.setdefault((kind.extract, tuple(ids) if ids is not None else kind.layers),
+                              []).append(d)
+        out: dict[str, str] = {}
+        for members in groups.values():
+            first = members[0]
+            key = "extract" if len(groups) == 1 else first.key("extract")
+            p = {**(st.extract or {}), "drafter_type": (st.extract or {}).get(
+                "drafter_type", first.spec.type)}
+            if layers[first.param] is not None:
+                p["layer_ids"] = layers[first.param]
+            add("extract", {"tokenized": "@prepare", "target": self.target_id}, p, key=key)
+            out.update({d.param: key for d in members})
+        return out
+
+    def _evaluate(self, d: RunDrafter, add: Callable[..., None]) -> None:
+        """Drafter `d`'s evaluate: every drafter of a run on the same data and params."""
+        p = {**(self.stages.evaluate or {}),
+             "chat_template_kwargs": self.template_kwargs(self.stages.evaluate)}
+        given = p.pop("data", None)
+        # data of the run's own stages ("@generate") is what it trained on: in-sample
+        own = isinstance(given, str) and given.startswith("@")
+        p["evaluated_on"] = ("in_sample" if own or (not given and not self.holds_out())
+                             else "given" if given else "held_out")
+        add("evaluate", {"target": self.target_id, "drafter": "@" + d.key("train"),
+                         "data": given or ("@split.held_out" if self.holds_out()
+                                           else "@prepare")}, p, d)
 
 
 # ---- reference fields ----------------------------------------------------------------------

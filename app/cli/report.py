@@ -6,7 +6,7 @@ and where every artifact came from."""
 from __future__ import annotations
 
 
-from app.cli.view import console, make_table, num
+from app.cli.view import console, duration, human_size, make_table, num
 
 VERDICT_COLOR = {"accept": "green", "reject": "red"}
 # Acceptance-like training series, as the trainer names them: the first present is shown.
@@ -75,12 +75,49 @@ def stage_how(s: dict) -> str:
     return f"attempt {s['attempt']}"
 
 
+def compare_table(rows: list[dict]):
+    """The drafters of one run, best tau first (app/runs/compare.py), on one evaluation."""
+    def opts(r: dict) -> str:
+        return " ".join(f"{k}={v}" for k, v in (r.get("options") or {}).items()
+                        if v is not None and k != "mask_token_id")
+
+    def accept(r: dict) -> str:
+        rates = r.get("acceptance_per_position") or []
+        return " ".join(f"{100 * x:.0f}" for x in rates) + ("%" if rates else "-")
+
+    def size(r: dict) -> str:
+        p = r.get("drafter_parameters")
+        return (human_size(r["drafter_bytes"]) if r.get("drafter_bytes") else "-") + (
+            f" ({p / 1e6:.2f}M params)" if isinstance(p, int) else "")
+
+    def took(r: dict) -> str:
+        if r.get("train_reused_from"):
+            return f"reused ({r['train_reused_from']})"
+        t = r.get("train_seconds")
+        return duration(t) if isinstance(t, (int, float)) else "-"
+
+    return make_table(
+        "drafters ranked by tau on the same evaluation",
+        ("#", "drafter", "type", "options", "tau", "untrained", "prompt lookup",
+         "accepted per position", "train time", "size", "verdict"),
+        [[str(r["rank"]), r["name"], r.get("type") or "-", opts(r) or "-", num(r.get("tau")),
+          num(r.get("tau_baseline")), num(r.get("tau_prompt_lookup")), accept(r), took(r),
+          size(r), str(r.get("verdict") or (r.get("status") or {}).get("evaluate") or "-")]
+         for r in rows])
+
+
 def print_report(rep: dict, log=console.print) -> None:
     run, ev = rep["run"], rep.get("evaluation") or {}
     verdict = ev.get("verdict")
     color = VERDICT_COLOR.get(str(verdict), "yellow")
     log(f"[bold]run {run['name']}[/bold] {run['id']}  owner {run['owner'].get('name') or '?'}  "
         f"status {run['status']}")
+    if rep.get("drafters"):  # several drafters: the ranking, then the best one in detail
+        log(compare_table(rep["drafters"]))
+        for r in rep["drafters"]:
+            if r.get("verdict_reason"):
+                log(f"  {r['name']}: {r['verdict']} — {r['verdict_reason']}")
+        log(f"\n[bold]best: {rep['drafters'][0]['name']}[/bold] (below: its evaluation)")
     if verdict:
         log(f"[bold {color}]VERDICT: {str(verdict).upper()}[/]"
             + (f" — {ev['verdict_reason']}" if ev.get("verdict_reason") else ""))
@@ -106,9 +143,10 @@ def print_report(rep: dict, log=console.print) -> None:
             log(f"reference tokens outside the draft vocabulary: {100 * ev[k]:.1f}%")
     log(f"target {rep['target'].get('name') or '-'} ({rep['target'].get('id')}), "
         f"data {rep['dataset'].get('name') or '-'} ({rep['dataset'].get('id')})")
+    wide = max([9, *(len(s["stage"]) for s in rep["stages"])])  # keys: `train:<drafter>`
     for s in rep["stages"]:
         err = f"  {s['error'].get('code')}: {s['error'].get('message')}" if s.get("error") else ""
-        log(f"  {s['stage']:<9} {s['job_id']} {s['status']:<10} {stage_how(s)}{err}")
+        log(f"  {s['stage']:<{wide}} {s['job_id']} {s['status']:<10} {stage_how(s)}{err}")
     if rep.get("per_position"):
         log("\n[bold]acceptance per draft position[/bold] (greedy speculative decoding)")
         for line in bar_rows(rep["per_position"]):

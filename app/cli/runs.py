@@ -96,7 +96,9 @@ def print_run_report(c: Client, run: dict) -> None:
     color = {"succeeded": "green", "failed": "red"}.get(run["status"], "yellow")
     console.print(f"\nrun {run['id']}: [{color}]{run['status']}[/{color}]")
     rep = run.get("report") or {}
-    if rep:  # the pipeline may have worked (succeeded) while the drafter is rejected
+    for d in rep.get("drafters") or []:  # several drafters (best tau first)
+        console.print(f"[bold]{d.get('drafter')}[/bold]: {verdict_line(d)}")
+    if rep and not rep.get("drafters"):  # the pipeline may have worked with a rejected drafter
         console.print(verdict_line(rep))
     for j in run["jobs"]:
         extra = f"  {j['error']['code']}: {j['error']['message']}" if j.get("error") else ""
@@ -179,6 +181,8 @@ def register(cli: typer.Typer) -> None:
         for r in page["data"]:
             stages = " ".join(f"{j['run_stage']}:{j['status']}" for j in r["jobs"])
             rep = r.get("report") or {}
+            if rep.get("drafters"):  # several: the best one's (app/runs/service.py ranked)
+                rep = rep["drafters"][0]
             tau = f"{num(rep.get('tau'))} ({num(rep.get('tau_baseline'))})" if rep else ""
             v = rep.get("verdict") or ""
             rows.append([f"[{'green' if v == 'accept' else 'red'}]{v}[/]" if v else "", r["id"],

@@ -193,7 +193,7 @@ const RENDER = {
         <div class="muted">owner <b id="run-owner">${esc(run.owner.name || run.owner.id)}</b> · ${esc(run.drafter_type || "")} drafter for
         <b>${esc(r.target.name || r.target.id)}</b> on <b>${esc(r.dataset.name || r.dataset.id)}</b> · started ${ago(run.created_at)}</div>
         <div style="margin-top:8px">${stages}</div>${runActions(run, runObj.jobs, who)}</div>
-      ${verdict}${taus}${bySource}
+      ${compared(r.drafters)}${verdict}${taus}${bySource}
       <div class="card">${perPos}</div>
       ${curves}
       ${plot ? `<div class="card"><b>Evaluate plot</b> <span class="muted">${esc(plot.path)}</span><br><img id="eval-plot" alt="acceptance per position (evaluate)" data-src="${esc(plot.url)}"></div>` : ""}
@@ -284,8 +284,26 @@ async function afterRender(root) {
   });
 }
 
+// Several drafters of one run (app/runs/compare.py): best tau first; below, the best one.
+function compared(rows) {
+  if (!rows || !rows.length) return "";
+  const n = x => typeof x === "number" ? x.toFixed(2) : "–";
+  return `<div class="card" id="drafters"><b>Drafters ranked by tau on the same evaluation</b>
+    <table><tr><th>#</th><th>drafter</th><th>type</th><th>tau</th><th>untrained</th><th>prompt lookup</th>
+    <th>accepted per position</th><th>train time</th><th>size</th><th>verdict</th></tr>${rows.map(r => `<tr>
+    <td>${r.rank}</td><td><b>${esc(r.name)}</b></td><td>${esc(r.type || "")}</td><td><b>${n(r.tau)}</b></td>
+    <td>${n(r.tau_baseline)}</td><td>${n(r.tau_prompt_lookup)}</td>
+    <td class="mono">${(r.acceptance_per_position || []).map(x => Math.round(x * 100)).join(" ")}${r.acceptance_per_position ? "%" : "–"}</td>
+    <td>${r.train_seconds != null ? `${Math.round(r.train_seconds)} s` : "–"}</td>
+    <td>${r.drafter_bytes != null ? `${(r.drafter_bytes / 1048576).toFixed(1)} MiB` : "–"}${r.drafter_parameters != null ? ` (${(r.drafter_parameters / 1e6).toFixed(2)}M params)` : ""}</td>
+    <td title="${esc(r.verdict_reason || "")}">${esc(r.verdict || "–")}</td></tr>`).join("")}</table>
+    <div class="muted">below: ${esc(rows[0].name)}, the best</div></div>`;
+}
+
 function report(r) {
   if (!r) return "";
+  // several drafters (app/runs/service.py refresh_run): the best one, by name
+  if (r.drafters) return r.drafters.length ? `${esc(r.drafters[0].drafter)}: ${report(r.drafters[0])} <span class="muted">(best of ${r.drafters.length})</span>` : "";
   const tau = x => typeof x === "number" ? x.toFixed(2) : esc(x ?? "");
   // The verdict first: a run can succeed (the pipeline worked) with a rejected drafter.
   const verdict = r.verdict ? `<span class="st ${r.verdict === "accept" ? "succeeded" : "failed"}" title="${esc(r.verdict_reason || "")}">${esc(r.verdict)}</span><br>` : "";

@@ -35,7 +35,8 @@ class Job(Base):
     fingerprint: Mapped[str | None] = mapped_column(String(64), default=None, index=True)
     reused_from: Mapped[str | None] = mapped_column(String(40), default=None)
     run_id: Mapped[str | None] = mapped_column(ForeignKey("runs.id"), default=None, index=True)
-    run_stage: Mapped[str | None] = mapped_column(String(20), default=None)
+    # The job's key in its run (contracts/run.py StageJob.key): its stage, or `<stage>:<drafter>`.
+    run_stage: Mapped[str | None] = mapped_column(String(64), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     queued_at: Mapped[datetime | None] = mapped_column(default=None)
     started_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -19,14 +19,21 @@ _FIXED = {
 
 def check_param(check: dict, body: RunSpec) -> str:
     name, msg = check.get("name") or "", check.get("message") or ""
+    # A check of one of several drafters ends in `:<name>` (workers/stages/plan.py).
+    name, _, drafter = name.partition(":")
+    if drafter and name in ("layer_ids", "drafter_params"):
+        if name == "layer_ids" and (body.stages.extract or {}).get("layer_ids") is not None:
+            return "stages.extract.layer_ids"
+        field = "target_layer_ids" if name == "layer_ids" else "draft_vocab_size"
+        return body.field_of(f"train:{drafter}", f".drafter.{field}")
     if name in _FIXED:
         return _FIXED[name]
     if name == "run":  # "<field>: <message>", the field as the run spells it
         return msg.split(":", 1)[0].strip() or "body"
-    if name.endswith("_params"):  # "<stage>: params.<field>: <message>"
-        stage = name.removesuffix("_params")
-        m = re.match(rf"{re.escape(stage)}: params\.([\w.]+)", msg)
-        return f"stages.{stage}" + (f".{m.group(1)}" if m else "")
+    if name.endswith("_params"):  # "<job key>: params.<field>: <message>"
+        key = name.removesuffix("_params") + (f":{drafter}" if drafter else "")
+        m = re.match(rf"{re.escape(key)}: params(\.[\w.]+)", msg)
+        return body.field_of(key, m.group(1) if m else "")
     if name == "layer_ids":
         if (body.stages.extract or {}).get("layer_ids") is not None:
             return "stages.extract.layer_ids"

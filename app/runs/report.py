@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from app.jobs import service as jobs
 from app.models import Artifact, Dataset, Job, Run, Target, User
+from app.runs.compare import compare, drafter_jobs, stored_parameters
 from app.runs.service import run_jobs
 
 # Keys of the evaluate stage's report.json shown as they are (when present).
@@ -90,7 +91,6 @@ def _curves(session: Session, job_id: str | None) -> dict[str, list]:
 
 def build_report(session: Session, run: Run) -> dict[str, Any]:
     js = run_jobs(session, run.id)
-    by_stage = {j.run_stage: j for j in js}
     spec = run.spec or {}
     # A stage satisfied by reuse (app/scheduler/service.py _reuse) made nothing itself: its
     # outputs are the earlier job's artifacts, so a job's artifacts are its outputs.
@@ -137,13 +137,43 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
                 "target": {"id": target_id, "name": targets.get(target_id)},
                 "chat_template_sha256": template_sha(a)} for a in arts]
 
-    ev_job, tr_job = by_stage.get("evaluate"), by_stage.get("train")
+    pairs = drafter_jobs(js)
+    views = {name: _drafter_view(session, run, arts, tr, ev) for name, (tr, ev) in pairs.items()}
+    compared = compare(pairs, views) if None not in pairs else None
+    # One drafter: its view; several: the best-ranked one's, the ranking beside it.
+    view = views.get(None) or (views[compared[0]["name"]] if compared else _drafter_view(
+        session, run, arts, None, None))
+    return {
+        "run": {"id": run.id, "name": run.name, "status": run.status,
+                "owner": {"id": run.owner_id, "name": users.get(run.owner_id)},
+                "created_at": run.created_at, "finished_at": run.finished_at,
+                "drafter_type": (spec.get("drafter") or {}).get("type"), "mode": spec.get("mode"),
+                **({"drafters": [r["name"] for r in compared]} if compared else {})},
+        "target": {"id": target_id, "name": targets.get(target_id)},
+        "dataset": {"id": dataset_id, "name": datasets.get(dataset_id)},
+        "stages": [{"stage": j.run_stage, "job_id": j.id, "status": j.status,
+                    "attempt": j.attempt, "node": j.node,
+                    "owner": {"id": j.owner_id, "name": users.get(j.owner_id)},
+                    "error": j.error, "reused_from": j.reused_from,
+                    "started_at": j.started_at, "finished_at": j.finished_at} for j in js],
+        **{k: view[k] for k in ("evaluation", "per_position", "curves", "plots", "drafter")},
+        # Several drafters (contracts/run.py `drafters`), best first (app/runs/compare.py).
+        **({"drafters": compared} if compared else {}),
+        "lineage": lineage,
+    }
+
+
+def _drafter_view(session: Session, run: Run, arts: list[Artifact], tr_job: Job | None,
+                  ev_job: Job | None) -> dict[str, Any]:
+    """One drafter's part of the report: its evaluation, acceptance per position, training
+    curves, evaluate plots and drafter artifact."""
     ev_art = next((a for a in arts if ev_job and a.id in (ev_job.outputs or [])
                    and a.kind == "eval_report"), None)
     drafter = next((a for a in arts if tr_job and a.id in (tr_job.outputs or [])
                     and a.kind == "drafter"), None)
     rep = _eval_report(ev_art)
-    summary = {**((ev_job.metrics_summary or {}) if ev_job else {}), **(run.report or {})}
+    own = (run.report or {}) if ev_job is not None and ev_job.run_stage == "evaluate" else {}
+    summary = {**((ev_job.metrics_summary or {}) if ev_job else {}), **own}
     evaluation = {k: rep.get(k, summary.get(k)) for k in EVAL_KEYS}
     evaluation["tau_baseline"] = evaluation["tau_baseline"] or (rep.get("baseline") or {}).get("tau")
     evaluation["tau_sim_baseline"] = (evaluation["tau_sim_baseline"]
@@ -156,17 +186,6 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
     files = {f["path"] for f in (ev_art.files if ev_art else [])}
     curve_job = (tr_job.reused_from or tr_job.id) if tr_job else None
     return {
-        "run": {"id": run.id, "name": run.name, "status": run.status,
-                "owner": {"id": run.owner_id, "name": users.get(run.owner_id)},
-                "created_at": run.created_at, "finished_at": run.finished_at,
-                "drafter_type": (spec.get("drafter") or {}).get("type"), "mode": spec.get("mode")},
-        "target": {"id": target_id, "name": targets.get(target_id)},
-        "dataset": {"id": dataset_id, "name": datasets.get(dataset_id)},
-        "stages": [{"stage": j.run_stage, "job_id": j.id, "status": j.status,
-                    "attempt": j.attempt, "node": j.node,
-                    "owner": {"id": j.owner_id, "name": users.get(j.owner_id)},
-                    "error": j.error, "reused_from": j.reused_from,
-                    "started_at": j.started_at, "finished_at": j.finished_at} for j in js],
         "evaluation": evaluation,
         "per_position": _per_position(rep),
         # A reused train's curves are those of the job that trained (its events hold them).
@@ -177,6 +196,7 @@ def build_report(session: Session, run: Run) -> dict[str, Any]:
         "drafter": ({"artifact_id": drafter.id, "uri": drafter.uri,
                      "serve_command": (drafter.meta or {}).get("vllm_serve_command"),
                      "steps": (drafter.meta or {}).get("steps"),
-                     "final_loss": (drafter.meta or {}).get("final_loss")} if drafter else None),
-        "lineage": lineage,
+                     "final_loss": (drafter.meta or {}).get("final_loss"),
+                     "bytes": drafter.bytes, "parameters": stored_parameters(drafter.uri)}
+                    if drafter else None),
     }

@@ -18,7 +18,7 @@ from app.jobs.render import job_models
 from app.jobs.schemas import JobCreate
 from app.jobs.states import LEASED, TERMINAL
 from app.jobs.states import JobStatus as S
-from app.models import Artifact, Dataset, Job, Run, Target
+from app.models import Dataset, Job, Run, Target
 from app.runs.schemas import RunRead, RunStage
 from app.webhooks.service import on_run_status
 from contracts.jobtypes import JobType
@@ -38,9 +38,13 @@ def check_params(body: RunSpec) -> list[StageJob]:
             validate_params(job.stage, job.params)
         except Invalid as e:
             where = (e.param or "params").removeprefix("params")
-            raise Invalid(f"stages.{job.stage}: {e.message}", param=f"stages.{job.stage}{where}",
+            raise Invalid(f"{_job_label(job)}: {e.message}", param=body.field_of(job.key, where),
                           code=e.code, details=e.details) from None
     return chain
+
+
+def _job_label(job: StageJob) -> str:
+    return f"stages.{job.stage}" + (f" of drafter {job.drafter}" if job.drafter else "")
 
 
 def create_run(session: Session, user: Principal, body: RunSpec,
@@ -66,27 +70,31 @@ def create_run(session: Session, user: Principal, body: RunSpec,
                     for k, v in sj.inputs.items()}
         try:
             job = jobs.create_job(session, user, JobCreate(
-                type=JobType(sj.stage), name=f"{body.name}: {sj.stage}",
+                type=JobType(sj.stage), name=f"{body.name}: {sj.key}",
                 priority=body.priority, gpus=sj.gpus, inputs=resolved, params=sj.params,
                 force=body.force, keep=body.keep),
-                run_id=run.id, run_stage=sj.stage, validate_params=validate_params)
+                run_id=run.id, run_stage=sj.key, validate_params=validate_params)
         except Invalid as e:  # the plan refuses it first; force_plan does not make weights
             if e.code != "target_has_no_weights":
                 raise
             raise Invalid(f"target_id: stages.{sj.stage}: {e.message.removeprefix('inputs.target: ')}",
                           param="target_id", code=e.code, details=e.details) from None
-        made[sj.stage] = job.id
+        made[sj.key] = job.id
     return run
 
 
 def stage_ref(made: dict[str, str], ref: str) -> dict[str, str]:
-    """`@stage` or `@stage.output` (contracts/run.py) as a job reference."""
-    stage, _, output = ref[1:].partition(".")
-    return {"job": made[stage], **({"output": output} if output else {})}
+    """`@key` or `@key.output` (contracts/run.py) as a job reference."""
+    key, _, output = ref[1:].partition(".")
+    return {"job": made[key], **({"output": output} if output else {})}
 
 
 def _in_order(js: list[Job]) -> list[Job]:
-    return sorted(js, key=lambda j: STAGE_ORDER.index(j.run_stage) if j.run_stage in STAGE_ORDER else 99)
+    """Stage order; the jobs of one stage (one per drafter) in the order they were made."""
+    def rank(j: Job) -> tuple:
+        stage = str(j.run_stage or "").partition(":")[0]
+        return (STAGE_ORDER.index(stage) if stage in STAGE_ORDER else 99, j.created_at, j.id)
+    return sorted(js, key=rank)
 
 
 def run_jobs(session: Session, run_id: str) -> list[Job]:
@@ -122,12 +130,21 @@ def refresh_run(session: Session, run_id: str) -> Run | None:
         run.finished_at = run.finished_at or utcnow()
     else:
         run.finished_at = None
-    ev = next((j for j in js if j.run_stage == "evaluate" and j.status == S.succeeded), None)
-    if ev is not None and ev.outputs:
-        art = session.get(Artifact, ev.outputs[0])
-        run.report = {"artifact_id": art.id if art else None, **(ev.metrics_summary or {})}
+    evs = [j for j in js if j.type == "evaluate" and j.status == S.succeeded and j.outputs]
+    if len(evs) == 1 and evs[0].run_stage == "evaluate":
+        run.report = {"artifact_id": evs[0].outputs[0], **(evs[0].metrics_summary or {})}
+    elif evs:  # several drafters (contracts/run.py): each one's summary, best tau first
+        run.report = {"drafters": ranked([{
+            "drafter": str(j.run_stage).partition(":")[2], "artifact_id": j.outputs[0],
+            **(j.metrics_summary or {})} for j in evs])}
     on_run_status(session, run, old, run.status)  # the owner's webhooks (outbox, same transaction)
     return run
+
+
+def ranked(rows: list[dict], name: str = "drafter") -> list[dict]:
+    """Drafters best first: by tau (none last), then by `name`."""
+    return sorted(rows, key=lambda r: (-(r["tau"]) if isinstance(r.get("tau"), (int, float))
+                                       else float("inf"), str(r.get(name))))
 
 
 def on_job_status(session: Session, ev: StatusChanged) -> None:

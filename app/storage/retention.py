@@ -84,7 +84,7 @@ def _hidden_states(session: Session, run_ids: list[str] | None = None) -> list[I
         return []
     runs = {r for _, j in rows for r in [j.run_id]}
     trained = set(session.scalars(select(Job.run_id).where(
-        Job.run_id.in_(runs), Job.run_stage == "train", Job.status == "succeeded")))
+        Job.run_id.in_(runs), Job.type == "train", Job.status == "succeeded")))
     out = []
     for art, job in rows:
         if job.run_id not in trained or _kept(job):

@@ -13,6 +13,7 @@ params {"run": <the POST /v1/runs body>, "sample": 200, "disk_path": str,
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import Counter
 from typing import Any
@@ -70,25 +71,31 @@ def _expand(plan: Plan, run: dict) -> dict[str, dict]:
     except RunSpecError as e:
         plan.check("run", False, f"{e.param}: {e.message}")
         return {}
-    plan.gpus = {j.stage: j.gpus for j in jobs}
-    return {j.stage: j.params for j in jobs}
+    plan.gpus = {j.key: j.gpus for j in jobs}
+    return {j.key: j.params for j in jobs}
+
+
+def stage(key: str) -> str:
+    """A job's stage from its key in the run (`train`, `train:<drafter>`: contracts/run.py)."""
+    return key.partition(":")[0]
 
 
 def _params(plan: Plan, chain: dict[str, dict]) -> dict:
     """Validate every job's params as the stage will (the one parser, the stage's model)."""
     parsed: dict[str, Any] = {}
-    for name, raw in chain.items():
+    for key, raw in chain.items():
+        name = f"{stage(key)}_params" + key.removeprefix(stage(key))  # train_params:<drafter>
         try:
-            parsed[name] = parse_params(JOB_TYPES[name].params, raw)
-            plan.check(f"{name}_params", True, f"{name} params are valid")
+            parsed[key] = parse_params(JOB_TYPES[stage(key)].params, raw)
+            plan.check(name, True, f"{key} params are valid")
         except StageError as e:
-            plan.check(f"{name}_params", False, f"{name}: {e.message}")
+            plan.check(name, False, f"{key}: {e.message}")
     return parsed
 
 
 def _thinking(plan: Plan, chain: dict[str, dict]) -> None:
-    seen = {name: (chain[name].get("chat_template_kwargs") or {}).get("enable_thinking")
-            for name in ("generate", "prepare", "evaluate") if name in chain}
+    seen = {key: (chain[key].get("chat_template_kwargs") or {}).get("enable_thinking")
+            for key in chain if stage(key) in ("generate", "prepare", "evaluate")}
     values = set(map(str, seen.values()))
     plan.check("thinking_mode", len(values) <= 1,
                "thinking mode is the same in " + ", ".join(seen) if len(values) <= 1 else
@@ -98,26 +105,35 @@ def _thinking(plan: Plan, chain: dict[str, dict]) -> None:
 
 
 def _layers_and_drafter(plan: Plan, chain: dict[str, dict], target: dict,
-                        parsed: dict) -> Any:
+                        parsed: dict) -> dict[str, Any]:
+    """Each drafter's layers and fit to the target (one check each; `<name>` after the check's
+    name for one of several drafters); answers the layers each extract stores, by key."""
     cfg = target.get("config") or {}
-    drafter = (chain.get("train") or {}).get("drafter") or {}
-    try:
-        lp = resolve_layers(cfg, drafter.get("type", DEFAULT_DRAFTER),
-                            drafter.get("target_layer_ids"))
-        plan.check("layer_ids", True, f"layers {list(lp.aux)} + last ({lp.num_target_layers}) "
-                   f"exist in the target ({num_hidden_layers(cfg)} layers)")
-    except StageError as e:
-        plan.check("layer_ids", False, e.message)
-        lp = None
     vocab = text_value(cfg, "vocab_size")
-    dv = drafter.get("draft_vocab_size")
-    if dv and vocab and dv > vocab:
-        plan.check("drafter_params", False, f"draft_vocab_size {dv} exceeds the target's "
-                   f"vocabulary ({vocab})")
-    elif "train" in parsed:
-        plan.check("drafter_params", True, f"{drafter.get('type')} drafter fits the target "
-                   f"(hidden {hidden_size(cfg)}, vocab {vocab})")
-    return lp
+    for key in (k for k in chain if stage(k) == "train"):
+        drafter = chain[key].get("drafter") or {}
+        suffix = key.removeprefix("train")  # "" or ":<drafter>"
+        try:
+            lp = resolve_layers(cfg, drafter.get("type", DEFAULT_DRAFTER),
+                                drafter.get("target_layer_ids"))
+            plan.check("layer_ids" + suffix, True, f"layers {list(lp.aux)} + last "
+                       f"({lp.num_target_layers}) exist in the target "
+                       f"({num_hidden_layers(cfg)} layers)" + (f" ({key})" if suffix else ""))
+        except StageError as e:
+            plan.check("layer_ids" + suffix, False, e.message + (f" ({key})" if suffix else ""))
+        dv = drafter.get("draft_vocab_size")
+        if dv and vocab and dv > vocab:
+            plan.check("drafter_params" + suffix, False, f"draft_vocab_size {dv} exceeds the "
+                       f"target's vocabulary ({vocab})" + (f" ({key})" if suffix else ""))
+        elif key in parsed:
+            plan.check("drafter_params" + suffix, True, f"{drafter.get('type')} drafter fits "
+                       f"the target (hidden {hidden_size(cfg)}, vocab {vocab})")
+    stored: dict[str, Any] = {}
+    for key in (k for k in chain if stage(k) == "extract"):
+        with contextlib.suppress(StageError):  # a bad layer id fails its drafter's check
+            stored[key] = resolve_layers(cfg, chain[key].get("drafter_type", DEFAULT_DRAFTER),
+                                         chain[key].get("layer_ids"))
+    return stored
 
 
 def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, dict],
@@ -232,29 +248,33 @@ def _budget_warning(plan: Plan, parsed: dict, bad: int, n: int, fix: str | None)
         return  # later stages never see the records the first one dropped
 
 
-def _disk(plan: Plan, lengths: list[int], dataset: dict | None, lp, parsed: dict,
-          disk_path: str, free_override: int | None) -> None:
+def _disk(plan: Plan, lengths: list[int], dataset: dict | None, stored: dict[str, Any],
+          parsed: dict, disk_path: str, free_override: int | None) -> dict[str, int]:
+    """Records, tokens and the disk every extract's hidden states need together; answers
+    each extract's bytes by key."""
     total = count_records(dataset["path"]) if dataset else 0
     tokens = int(np.mean(lengths) * total) if lengths else 0
     plan.estimates["records"] = total
     plan.estimates["tokens"] = tokens
-    if "extract" not in parsed or lp is None:  # online: no hidden states stored
-        plan.estimates["hidden_state_bytes"] = 0
-        return
-    need = estimate_hidden_state_bytes(tokens, lp.num_stored, lp.hidden_size,
-                                       parsed["extract"].dtype, total)
-    dc = disk_check(need, disk_path, parsed["extract"].disk_margin_bytes, free_override)
-    plan.estimates["hidden_state_bytes"] = need
+    each = {key: estimate_hidden_state_bytes(tokens, lp.num_stored, lp.hidden_size,
+                                             parsed[key].dtype, total)
+            for key, lp in stored.items() if key in parsed}
+    plan.estimates["hidden_state_bytes"] = need = sum(each.values())
+    if not each:  # online: no hidden states stored
+        return each
+    ex = parsed[next(iter(each))]  # the extracts of a run share stages.extract
+    dc = disk_check(need, disk_path, ex.disk_margin_bytes, free_override)
     plan.estimates["disk_free_bytes"] = dc.free_bytes
     from workers.stages.cpu import float32_note
 
-    note = float32_note(parsed["extract"].dtype)
+    note = float32_note(ex.dtype)
     if note:  # the planning machine's CPU: said for a run whose extract runs on CPUs like it
         plan.warnings.append(f"extract: {note}")
     plan.check("disk", dc.ok, f"hidden states need {human_bytes(need)}; "
                f"{human_bytes(dc.free_bytes)} free at {dc.path}" +
                ("" if dc.ok else " — options: fewer samples, online mode, another volume "
                                  "(DRAFTYARD_HOME)"))
+    return each
 
 
 def run(spec: dict, ctx: StageContext) -> dict:
@@ -266,23 +286,25 @@ def run(spec: dict, ctx: StageContext) -> dict:
     chain = _expand(plan, run_body)
     parsed = _params(plan, chain)
     _thinking(plan, chain)
-    lp = _layers_and_drafter(plan, chain, target, parsed)
+    stored = _layers_and_drafter(plan, chain, target, parsed)
     lengths = _records(plan, dataset, target, chain, parsed, int(p.get("sample", 200)), ctx)
-    _disk(plan, lengths, dataset, lp, parsed, p.get("disk_path") or str(ctx.out_dir),
-          p.get("free_bytes_override"))
-    training = estimate_training(parsed, lengths, plan.estimates.get("records", 0),
-                                 plan.warnings)
-    if training is not None:
-        plan.estimates["training"] = training
+    hidden = _disk(plan, lengths, dataset, stored, parsed,
+                   p.get("disk_path") or str(ctx.out_dir), p.get("free_bytes_override"))
+    for key in (k for k in parsed if stage(k) == "train"):  # one per drafter
+        training = estimate_training({**parsed, "train": parsed[key]}, lengths,
+                                     plan.estimates.get("records", 0), plan.warnings)
+        if training is not None:
+            plan.estimates["training" + key.removeprefix("train")] = training
     ok, message = weights_check(chain, target)
     plan.check("target_weights", ok, message)
     return {"ok": plan.ok, "checks": plan.checks, "estimates": plan.estimates,
-            "time_estimates": _time(plan, chain, parsed, target, lengths, p.get("rates")),
+            "time_estimates": _time(plan, chain, parsed, target, lengths, p.get("rates"),
+                                    hidden),
             "warnings": plan.warnings, "failures": plan.failures}
 
 
 def _time(plan: Plan, chain: dict[str, dict], parsed: dict, target: dict, lengths: list[int],
-          override: dict | None) -> dict:
+          override: dict | None, hidden: dict[str, int]) -> dict:
     """Per stage GPU-hours, wall and disk (workers/stages/plan_time.py), with the rates used."""
     rates, from_deployment, warnings = merge_rates(override)
     plan.warnings.extend(warnings)
@@ -294,8 +316,7 @@ def _time(plan: Plan, chain: dict[str, dict], parsed: dict, target: dict, length
         ans = rates["answer_tokens"] or max_tokens
         mean = max(0.0, mean - max_tokens)
         total = records * (mean + ans)
-    stages = estimate(chain, plan.gpus, target, records, mean, total,
-                      int(plan.estimates.get("hidden_state_bytes") or 0), rates)
+    stages = estimate(chain, plan.gpus, target, records, mean, total, hidden, rates)
     return {"stages": stages,
             "total_gpu_hours": round(sum(s["gpu_hours"] for s in stages), 3),
             "total_wall_hours": round(sum(s["wall_hours"] for s in stages), 3),

@@ -99,11 +99,13 @@ def _gpus(params: dict, rates: dict) -> int:
 
 
 def estimate(chain: dict[str, dict], jobs_gpus: dict[str, int], target: dict,
-             records: int, prompt_tokens: float, total_tokens: float, hidden_bytes: int,
-             rates: dict) -> list[dict]:
-    """One entry per stage of the run: {stage, gpus, gpu_hours, wall_hours, disk_bytes,
-    tokens, basis}. `prompt_tokens`: mean prompt tokens per record; `total_tokens`: tokens
-    prepare will write (answers included)."""
+             records: int, prompt_tokens: float, total_tokens: float,
+             hidden_bytes: int | dict[str, int], rates: dict) -> list[dict]:
+    """One entry per job of the run, `chain` keyed as the run keys its jobs (contracts/run.py:
+    `train`, or `train:<drafter>` for one of several drafters): {stage (that key), gpus,
+    gpu_hours, wall_hours, disk_bytes, tokens, basis}. `prompt_tokens`: mean prompt tokens
+    per record; `total_tokens`: tokens prepare will write (answers included);
+    `hidden_bytes`: what each extract stores (by key; an int: the one extract's)."""
     cfg = target.get("config") or {}
     p_target = max(1, target_params(cfg))
     peak = float(rates["gpu_peak_tflops"]) * 1e12
@@ -118,51 +120,58 @@ def estimate(chain: dict[str, dict], jobs_gpus: dict[str, int], target: dict,
                     "gpu_hours": round(gpu_h, 4), "wall_hours": round(wall_h, 4),
                     "disk_bytes": int(disk), "tokens": round(tokens), "basis": basis})
 
-    if "generate" in chain:
-        gp = chain["generate"]
-        ans = rates["answer_tokens"] or int(gp.get("max_tokens") or 256)
-        dec = rates["decode_tokens_per_s_per_gpu"] or peak * rates["decode_mfu"] / (2 * p_target)
-        pre_s = records * prompt_tokens * 2 * p_target / (peak * rates["prefill_mfu"])
-        dec_s = records * ans / dec
-        add("generate", pre_s + dec_s, int(records * ans * 4 * 2), records * ans,
-            f"{records:,} records x {ans:,.0f} answer tokens at {dec:,.0f} tokens/s per GPU "
-            f"+ prefill of {prompt_tokens:,.0f} prompt tokens at {rates['prefill_mfu']:.0%} MFU")
-    if "prepare" in chain:
-        tps, how = prepare_rate(chain["prepare"], rates)
-        add("prepare", 0.0, int(total_tokens * 4 * 2.2), total_tokens,
-            f"{total_tokens:,.0f} tokens at {tps:,.0f} tokens/s (CPU: {how})",
-            cpu_s=total_tokens / tps)
-    if "extract" in chain:
-        s = total_tokens * 2 * p_target / (peak * rates["prefill_mfu"])
-        add("extract", s, hidden_bytes, total_tokens,
-            f"{total_tokens:,.0f} tokens x 2 x {p_target / 1e9:.1f}B params at "
-            f"{rates['prefill_mfu']:.0%} of {rates['gpu_peak_tflops']:g} TFLOPS")
-    if "train" in chain:
-        tp = chain["train"]
-        epochs = int(tp.get("epochs") or 1)
-        tokens = total_tokens * epochs
-        if tp.get("max_steps"):
-            g = jobs_gpus.get("train") or _gpus(tp, rates)
-            tokens = min(tokens, int(tp["max_steps"]) * int(tp.get("seq_length") or 1024) * g)
-        p_d = drafter_params(cfg, tp.get("drafter") or {})
-        online = tp.get("mode") == "online"
-        flops = tokens * ((2 * p_target if online else 0) + 6 * p_d)
-        add("train", flops / (peak * rates["train_mfu"]), int(p_d * 4 * 3), tokens,
-            f"{epochs} epoch(s) of {tokens:,.0f} tokens x ("
-            f"{f'2 x {p_target / 1e9:.1f}B target + ' if online else ''}"
-            f"6 x {p_d / 1e9:.2f}B drafter params) at {rates['train_mfu']:.0%} MFU")
-    if "evaluate" in chain:
-        ep = chain["evaluate"]
-        tokens = int(ep.get("num_prompts") or 32) * int(ep.get("max_new_tokens") or 96)
-        add("evaluate", 2 * tokens / float(rates["eval_tokens_per_s_per_gpu"]), 0, tokens,
-            f"{tokens:,} tokens decoded twice (target alone, with the drafter) at "
-            f"{rates['eval_tokens_per_s_per_gpu']:g} tokens/s")
+    hidden = hidden_bytes if isinstance(hidden_bytes, dict) else {"extract": hidden_bytes}
+    for key, params in chain.items():
+        stage = key.partition(":")[0]
+        if stage == "generate":
+            gp = params
+            ans = rates["answer_tokens"] or int(gp.get("max_tokens") or 256)
+            dec = (rates["decode_tokens_per_s_per_gpu"]
+                   or peak * rates["decode_mfu"] / (2 * p_target))
+            pre_s = records * prompt_tokens * 2 * p_target / (peak * rates["prefill_mfu"])
+            dec_s = records * ans / dec
+            add(key, pre_s + dec_s, int(records * ans * 4 * 2), records * ans,
+                f"{records:,} records x {ans:,.0f} answer tokens at {dec:,.0f} tokens/s per "
+                f"GPU + prefill of {prompt_tokens:,.0f} prompt tokens at "
+                f"{rates['prefill_mfu']:.0%} MFU")
+        if stage == "prepare":
+            tps, how = prepare_rate(params, rates)
+            add(key, 0.0, int(total_tokens * 4 * 2.2), total_tokens,
+                f"{total_tokens:,.0f} tokens at {tps:,.0f} tokens/s (CPU: {how})",
+                cpu_s=total_tokens / tps)
+        if stage == "extract":
+            s = total_tokens * 2 * p_target / (peak * rates["prefill_mfu"])
+            add(key, s, hidden.get(key, 0), total_tokens,
+                f"{total_tokens:,.0f} tokens x 2 x {p_target / 1e9:.1f}B params at "
+                f"{rates['prefill_mfu']:.0%} of {rates['gpu_peak_tflops']:g} TFLOPS")
+        if stage == "train":
+            tp = params
+            epochs = int(tp.get("epochs") or 1)
+            tokens = total_tokens * epochs
+            if tp.get("max_steps"):
+                g = jobs_gpus.get(key) or _gpus(tp, rates)
+                tokens = min(tokens,
+                             int(tp["max_steps"]) * int(tp.get("seq_length") or 1024) * g)
+            p_d = drafter_params(cfg, tp.get("drafter") or {})
+            online = tp.get("mode") == "online"
+            flops = tokens * ((2 * p_target if online else 0) + 6 * p_d)
+            add(key, flops / (peak * rates["train_mfu"]), int(p_d * 4 * 3), tokens,
+                f"{epochs} epoch(s) of {tokens:,.0f} tokens x ("
+                f"{f'2 x {p_target / 1e9:.1f}B target + ' if online else ''}"
+                f"6 x {p_d / 1e9:.2f}B drafter params) at {rates['train_mfu']:.0%} MFU")
+        if stage == "evaluate":
+            ep = params
+            tokens = int(ep.get("num_prompts") or 32) * int(ep.get("max_new_tokens") or 96)
+            add(key, 2 * tokens / float(rates["eval_tokens_per_s_per_gpu"]), 0, tokens,
+                f"{tokens:,} tokens decoded twice (target alone, with the drafter) at "
+                f"{rates['eval_tokens_per_s_per_gpu']:g} tokens/s")
     return out
 
 
 def weights_check(chain: dict[str, dict], target: dict) -> tuple[bool, str]:
     """A config-only target (no weight files) can only be prepared for."""
-    need = [s for s in NEEDS_TARGET_WEIGHTS if s in chain]
+    stages = {key.partition(":")[0] for key in chain}  # keys: `train`, `train:<drafter>`
+    need = [s for s in NEEDS_TARGET_WEIGHTS if s in stages]
     if not need or has_weights(target.get("path")):
         return True, "the target has weights" if need else "no stage needs the target's weights"
     return False, (f"the target {target.get('id') or target.get('path')} has no weights "
