@@ -9,9 +9,10 @@ in weight_map") and silently wrong for an untied target whose head is stored und
 name. A wrong head leaves no mark on the loss that a threshold could catch: measured on
 SmolLM2 (one regenerated answer, DFlash defaults), the right head gave a first loss of 18.9
 at a draft vocabulary of 2,048 (ln 2,048 = 7.6) and 22.8 at the full 49,152 (ln = 10.8), a
-random or zero head 2.1 to 3.1: a wrong head sits *below* ln(draft vocab), not above. So the stage compares the tensors instead, with the
-names transformers itself gives the target's input and output embeddings (a meta-device
-build of the target's architecture: no weights are allocated).
+random or zero head 2.1 to 3.1: a wrong head sits *below* ln(draft vocab), not above. So
+the stage compares the tensors instead, with the names transformers itself gives the
+target's input and output embeddings (a meta-device build of the target's architecture: no
+weights are allocated).
 """
 
 from __future__ import annotations
