@@ -32,7 +32,10 @@ def _enum(model, *path: str) -> list[str]:
     schema = model.model_json_schema()
     node = schema
     for p in path:
-        node = node[p] if p in node else schema["$defs"][node["$ref"].split("/")[-1]][p]
+        if p not in node:  # a referenced model, or an optional one (anyOf [ref, null])
+            ref = node.get("$ref") or next(o["$ref"] for o in node["anyOf"] if "$ref" in o)
+            node = schema["$defs"][ref.split("/")[-1]]
+        node = node[p]
     return node["enum"]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from tests.stages import train_support as ts
 from tests.stages.conftest import target_input
 from workers.stages.common import StageContext
-from workers.stages.records import write_dataset
+from tests.stages.records_support import write_dataset
 
 CLEAR_GAP = 1.0  # trained tau must beat untrained tau by at least this
 
