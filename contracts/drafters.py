@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -88,6 +89,17 @@ def _eagle3_layers(n: int) -> list[int]:
     """Low, middle, high = [2, N//2, N-3], speculators' own default
     (`speculators.models.utils.resolve_target_layer_ids`)."""
     return [2, n // 2, n - 3]
+
+
+class Impl(StrEnum):
+    """The implementations the stages provide, by the key a DrafterDef names them with: the
+    train recipe (workers/stages/train/build.py RECIPES) and the evaluate proposer
+    (workers/stages/evaluate/proposers.py PROPOSERS). A new type reuses one, or adds one
+    here and beside it in those two tables."""
+
+    DFLASH = "dflash"
+    EAGLE3 = "eagle3"
+    PEAGLE = "peagle"
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 `RunSpec.expand()` is the only place that turns a run into the jobs it submits, with every
 param explicit: the API creates exactly these jobs, checks exactly these params (422 naming
-`stages.<stage>.<field>`), and the plan stage dry-runs exactly these (issue #14: the chain was
+`stages.<stage>.<field>`), and the plan stage dry-runs exactly these (the chain was once
 built twice, once here in app/ and once in the plan stage, and the two disagreed on layer ids
 and on offline runs without an extract stage).
 

@@ -154,6 +154,24 @@ def wait_for(pred, timeout: float = 30, interval: float = 0.1, what: str = "cond
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+def wait_ready(url: str, proc, timeout: float = 90, what: str = "the service") -> None:
+    """Until `url`'s /readyz answers 200; an AssertionError with its log's tail when `proc`
+    (a Proc: `.p`, `.tail()`) exits first or the time runs out."""
+    def ready():
+        if proc.p.poll() is not None:
+            raise AssertionError(f"{what} exited:\n" + proc.tail())
+        try:
+            return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+    try:
+        wait_for(ready, timeout, 0.2, f"{what} to be ready")
+    except AssertionError as e:
+        if proc.p.poll() is None:
+            raise AssertionError(f"{e}\n{proc.tail()}") from None
+        raise
+
+
 class Api:
     def __init__(self, url: str, token: str):
         self.url = url

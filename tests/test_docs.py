@@ -60,8 +60,8 @@ def test_the_readme_sends_readers_to_the_repos_own_design_docs():
         assert doc in readme and (ROOT / doc).is_file(), doc
 
 
-# "issue 27", "Issue 22.": a number the next reader cannot open (docs/STYLE.md rule 21).
-ISSUE = re.compile(r"\bissues? \d+", re.I)
+# "issue 27", "Issue 22.", "issue #14": a number the next reader cannot open (docs/STYLE.md rule 21).
+ISSUE = re.compile(r"\bissues? #?\d+", re.I)
 PRODUCT = ("app/", "workers/", "contracts/", "draftyard/", "procgroup/", "Makefile")
 
 

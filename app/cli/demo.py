@@ -23,6 +23,7 @@ from typing import Any
 from app.cli.report import print_report as show_report
 from app.cli.runs import print_plan
 from app.cli.view import console, follow_jobs
+from contracts.drafters import DEFAULT_DRAFTER
 from draftyard import ApiError, Client
 from procgroup import spawn
 
@@ -87,11 +88,11 @@ def run_pipeline(c: Client, target_dir: Path, cfg: dict, log=console.print) -> d
     log(f"mixed {mix['num_records']} training records; {held['num_records']} held-out prompts")
     body = {
         "name": "demo-dflash", "target_id": tgt["id"], "dataset_id": mix["id"],
-        # docs/FIELD-NOTES.md's demo drafter: aux layers 1, 4, 7 of the 8. The DFlash default for this
-        # depth (z-lab's spacing, 2-6) leaves out the deepest layer: tau 2.43 instead of 3.97
-        # on the same data (measured with make demo).
-        "drafter": {"type": "dflash", "num_layers": 1, "block_size": 8, "draft_vocab_size": 2048,
-                    "target_layer_ids": [1, 4, 7]},
+        # docs/FIELD-NOTES.md's demo drafter (DFlash, the default type): aux layers 1, 4, 7
+        # of the 8. The DFlash default for this depth (z-lab's spacing, 2-6) leaves out the
+        # deepest layer: tau 2.43 instead of 3.97 on the same data (measured with make demo).
+        "drafter": {"type": DEFAULT_DRAFTER, "num_layers": 1, "block_size": 8,
+                    "draft_vocab_size": 2048, "target_layer_ids": [1, 4, 7]},
         "mode": "offline", "chat_template_kwargs": {"enable_thinking": False},
         "stages": {
             "generate": {"max_tokens": cfg["max_tokens"], "temperature": 0.0, "backend": "hf",

@@ -88,7 +88,7 @@ def make_engine(url: str) -> Engine:
             # transactions (the scheduler, compare-and-set claims) serialise instead of
             # failing on upgrade. A read-only one must not: with WAL it reads a snapshot
             # beside the writer, where BEGIN IMMEDIATE would queue every GET behind the
-            # write lock (issue #14).
+            # write lock.
             read_only = conn.get_execution_options().get(READ_ONLY)
             conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 

@@ -3,7 +3,7 @@ every status change here, and the domains that care subscribe (see `app/wiring.p
 
 Why: what must follow a job's end (a dataset becomes ready or failed, a run's status moves,
 the scheduler wakes) used to be remembered by each call site, and one that forgot (cancel of a
-queued job) left datasets `ingesting` forever (issue #14). Now no call site has to remember."""
+queued job) left datasets `ingesting` forever. Now no call site has to remember."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 def _plan_inputs(body: RunSpec) -> tuple[dict, dict | None]:
     """The target and dataset as the plan stage reads them, in a short read-only transaction
     of its own: the plan then runs for up to 120 s holding no transaction (in embedded mode
-    a request's transaction would hold SQLite's write lock all that time, issue #14)."""
+    a request's transaction would hold SQLite's write lock all that time)."""
     with unit_of_work(read_only=True) as session:
         t = session.get(Target, body.target_id)
         if t is None:

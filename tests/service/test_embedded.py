@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from tests.conftest import Proc, free_port, wait_for
+from tests.conftest import Proc, free_port, wait_for, wait_ready
 
 
 def test_embedded_mode_runs_a_probe_without_postgres_or_redis(embedded):
@@ -67,12 +67,7 @@ def own_up(tmp_path_factory):
         os.umask(old)
     url = f"http://127.0.0.1:{port}"
     try:
-        def ready():
-            try:
-                return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-        wait_for(ready, 90, 0.3, "embedded service ready")
+        wait_ready(url, proc, 90, "draftyard up")
         token = (home / "admin_token").read_text().strip()
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
                           timeout=30) as c:

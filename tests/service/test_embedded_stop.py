@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import Proc, free_port, wait_for
+from tests.conftest import Proc, free_port, wait_for, wait_ready
 
 # From the signal to the last process of the tree gone. Measured on 2 cores: 4.3-4.9 s, most
 # of it Celery's own shutdown (its consumer polls the filesystem broker for up to 2 s); the
@@ -57,15 +57,7 @@ class Up:
         self.url = f"http://127.0.0.1:{free_port()}"
         self.proc = Proc([sys.executable, "-m", "app.cli.main", "up", "--port",
                           self.url.rsplit(":", 1)[1]], log, full_env=env)
-
-        def ready():
-            if self.proc.p.poll() is not None:
-                raise AssertionError("draftyard up exited:\n" + self.proc.tail())
-            try:
-                return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-        wait_for(ready, 90, 0.2, "draftyard up to be ready")
+        wait_ready(self.url, self.proc, 90, "draftyard up")
         token = (home / "admin_token").read_text().strip()
         self.c = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"},
                               timeout=10)

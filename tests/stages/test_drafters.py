@@ -133,3 +133,26 @@ def test_an_unknown_type_is_refused_naming_the_known_ones():
     with pytest.raises(StageError) as e:
         resolve_layers(TARGET["config"], "nope", None)
     assert e.value.code == "invalid_params" and "dflash, eagle3" in e.value.message
+
+
+def test_product_code_outside_contracts_spells_no_drafter_type():
+    """A drafter type is named in contracts/drafters.py alone (docs/STYLE.md rule 18): code
+    elsewhere reads DRAFTERS, DEFAULT_DRAFTER or Impl, so a string literal equal to a type
+    name there is a second list (docstrings aside)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    names = set(DRAFTERS)
+    found = []
+    for top in ("app", "workers", "draftyard", "procgroup"):
+        for f in sorted((root / top).rglob("*.py")):
+            tree = ast.parse(f.read_text(), str(f))
+            docs = {id(n.body[0].value) for n in ast.walk(tree)
+                    if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef
+                                  | ast.AsyncFunctionDef)
+                    and n.body and isinstance(n.body[0], ast.Expr)
+                    and isinstance(n.body[0].value, ast.Constant)}
+            found += [f"{f.relative_to(root)}:{n.lineno}: {n.value!r}" for n in ast.walk(tree)
+                      if isinstance(n, ast.Constant) and n.value in names and id(n) not in docs]
+    assert not found, "drafter types spelled outside contracts/:\n" + "\n".join(found)

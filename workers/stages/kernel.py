@@ -1,4 +1,4 @@
-"""What every stage does the same way, in one place (issue #14, "one stage kernel").
+"""What every stage does the same way, in one place (docs/MAP.md, "Job types and stage specs").
 
 - `parse_params` / `parse_input`: a spec's params or one input, validated by its pydantic
   model; a failure is one `StageError` shape for every stage:

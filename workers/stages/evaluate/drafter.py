@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contracts.drafters import DRAFTERS
+from contracts.drafters import DRAFTERS, Impl
 from contracts.target import layer_ids_problem, text_config
 from workers.stages.common import StageError
 
@@ -93,7 +93,7 @@ def read_drafter(path: Path | str) -> DrafterSpec:
     tl = cfg.get("transformer_layer_config") or {}
     spec_cfg = cfg.get("speculators_config") or {}
     proposals = spec_cfg.get("proposal_methods") or [{}]
-    if DRAFTERS[kind].evaluate == "dflash":  # the checkpoint layout of its proposer
+    if DRAFTERS[kind].evaluate == Impl.DFLASH:  # the checkpoint layout of its proposer
         aux = cfg.get("aux_hidden_state_layer_ids")
         n_spec = int(cfg.get("block_size", 8)) - (0 if cfg.get("sample_from_anchor") else 1)
     else:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from contracts.drafters import DRAFTERS
+from contracts.drafters import DRAFTERS, Impl
 from workers.stages.common import StageError
 
 
@@ -49,7 +49,7 @@ def check_window(model: Any, context_len: int) -> None:
 
 
 class DFlashProposer:
-    kind = "dflash"
+    kind = Impl.DFLASH
 
     def __init__(self, model: Any, num_spec: int | None = None):
         if model.config.sample_from_anchor:
@@ -122,7 +122,7 @@ class DFlashProposer:
 
 
 class Eagle3Proposer:
-    kind = "eagle3"
+    kind = Impl.EAGLE3
 
     def __init__(self, model: Any, num_spec: int | None = None):
         self.m = model
@@ -209,7 +209,7 @@ class Eagle3Proposer:
 
 
 class PEagleProposer(Eagle3Proposer):
-    kind = "peagle"
+    kind = Impl.PEAGLE
 
     def _forward(self, in_ids: Any, hidden: Any, pos: Any) -> Any:
         """Logits [1, q, draft_vocab] of the slots (causal: SDPA's is_causal, no mask)."""
@@ -266,7 +266,7 @@ Proposer = DFlashProposer | Eagle3Proposer
 
 # A drafter type's evaluate key (contracts/drafters.py `evaluate`) -> how it drafts.
 PROPOSERS: dict[str, type[Proposer]] = {
-    "dflash": DFlashProposer, "eagle3": Eagle3Proposer, "peagle": PEagleProposer}
+    Impl.DFLASH: DFlashProposer, Impl.EAGLE3: Eagle3Proposer, Impl.PEAGLE: PEagleProposer}
 
 
 def make_proposer(model: Any, num_spec: int | None = None) -> Proposer:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
-from contracts.drafters import drafter
+from contracts.drafters import Impl, drafter
 from workers.stages.train.job import TrainJob
 
 # speculators' defaults for the decoder (TrainConfig): every draft layer uses sliding-window
@@ -79,7 +80,8 @@ def _peagle_kwargs(job: TrainJob) -> dict:
 
 
 # A drafter type's train recipe (contracts/drafters.py `train`) -> its model kwargs.
-RECIPES = {"dflash": _dflash_kwargs, "eagle3": _eagle3_kwargs, "peagle": _peagle_kwargs}
+RECIPES: dict[str, Callable[[TrainJob], dict]] = {
+    Impl.DFLASH: _dflash_kwargs, Impl.EAGLE3: _eagle3_kwargs, Impl.PEAGLE: _peagle_kwargs}
 
 
 def build_model(job: TrainJob):
