@@ -151,7 +151,7 @@ def _draftyard_tau(target: Path, drafter: Path, meta: dict, tmp_path: Path) -> f
 
 @pytest.mark.parametrize("kind", list(DRAFTERS))
 def test_every_drafter_type_served_by_vllm_with_the_artifact_command(
-        vllm_train_data, plain_vllm, tmp_path, kind):
+        vllm_train_data, tmp_path, kind, request):
     from workers.stages.evaluate.vllm_metrics import measure_with_vllm, serve_command
 
     target = vllm_train_data[0]
@@ -180,6 +180,7 @@ def test_every_drafter_type_served_by_vllm_with_the_artifact_command(
                command=" ".join(shlex.quote(c) for c in cmd))
         return
 
+    plain_vllm = request.getfixturevalue("plain_vllm")  # started only for a type served here
     res = serve()
     assert res["num_drafts"] > 0 and res["generated_tokens"] > 0, res
     assert 1.0 <= res["tau"] <= 1 + num_spec
