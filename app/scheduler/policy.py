@@ -122,6 +122,43 @@ def could_matter(w: Waiting, most_free: int, cpu_free: int, now: float,
     return w.gpus <= most_free or now - w.queued_at > backfill_bound_s
 
 
+def fit_counts(nodes: list[NodeState]) -> list[int]:
+    """[g] = how many g-GPU jobs could start on the schedulable nodes' free GPUs now (index
+    0 unused): no owner's (g+1)-th waiting g-GPU job can start in a decision."""
+    most = max((len(nd.free) for nd in nodes if nd.schedulable), default=0)
+    return [0] + [sum(len(nd.free) // g for nd in nodes if nd.schedulable)
+                  for g in range(1, most + 1)]
+
+
+def few_that_matter(waiting: list[Waiting], nodes: list[NodeState], cpu_free: int, now: float,
+                    backfill_bound_s: float, keep: set[str] | frozenset = frozenset()
+                    ) -> list[Waiting]:
+    """The jobs a placement-only plan needs, from `waiting` in `job_order`: those that
+    `could_matter`, less each owner's g-GPU jobs past the first `fit_counts(nodes)[g]`
+    (unless aged, or in `keep`: jobs a preemption frees a node for). Along one owner's g-GPU
+    jobs a job that cannot start (no node fits g, the quota, a node held back) is followed by
+    jobs that cannot either (free GPUs only get fewer, usage and reservations only grow), and
+    the first `fit_counts[g]` of them starting leave no room for another; a job that cannot
+    start changes nothing for the jobs after it (see the module's docstring). So the plan
+    places the same jobs from these as from all (tests/scheduler/test_policy.py).
+    app/scheduler/reads.py asks PostgreSQL for these same jobs, through a partial index."""
+    caps = fit_counts(nodes)
+    most = len(caps) - 1
+    seen: Counter[tuple[str, int]] = Counter()
+    out = []
+    for w in waiting:
+        if w.held:
+            continue
+        if w.gpus and w.gpus <= most:
+            seen[w.owner, w.gpus] += 1
+            if (seen[w.owner, w.gpus] <= caps[w.gpus] or w.id in keep
+                    or now - w.queued_at > backfill_bound_s):
+                out.append(w)
+        elif w.id in keep or could_matter(w, most, cpu_free, now, backfill_bound_s):
+            out.append(w)
+    return out
+
+
 def plan(waiting: list[Waiting], nodes: list[NodeState], usage: dict[str, Usage], *,
          now: float, quota: int = 0, backfill_bound_s: float = 300.0, cpu_free: int = 0,
          top: int | None = None, presorted: bool = False,

@@ -26,7 +26,7 @@ from app.jobs.service import add_event, dispatched, transition
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, GpuLease, Job
 from app.scheduler import preempt
-from app.scheduler.policy import Usage, Waiting, plan
+from app.scheduler.policy import Usage, Waiting, fit_counts, plan
 from app.storage import reserve
 from app.scheduler.reads import (GPUS, HELD, ID, NEEDS_FP, OWNER, POS, PRIO, QAT, REASON,
                                  RESERVES_DISK, STATUS, UNSET, cpu_held, node_states,
@@ -155,12 +155,14 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
     most = max((len(nd.free) for nd in nodes if nd.schedulable), default=0)
     only = None if with_reasons else (most, cpu_free > 0,
                                       now.timestamp() - cfg.backfill_bound_s)
+    held_for = preempt.held_for({nd.name: nd.holders for nd in nodes})
+    few = None if with_reasons else (fit_counts(nodes), set(held_for.values()))
     with _gc_paused():
-        rows = waiting_rows(session, with_reasons, only)
+        rows = waiting_rows(session, with_reasons, only, few)
         pending = S.pending.value
         todo = [r[ID] for r in rows if r[NEEDS_FP] or r[STATUS] == pending]
         if todo and _promote_and_reuse(session, todo):
-            rows = waiting_rows(session, with_reasons, only)  # some moved on: read them again
+            rows = waiting_rows(session, with_reasons, only, few)  # some moved on: read again
         rows = queued_in_order(rows)
         if not rows:
             return []
@@ -176,7 +178,7 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
                  backfill_bound_s=cfg.backfill_bound_s, cpu_free=cpu_free,
                  user_cpu_slots=cfg.user_cpu_slots,
                  top=REASONS_TOP if with_reasons else 0, presorted=True,
-                 held_for=preempt.held_for({nd.name: nd.holders for nd in nodes}))
+                 held_for=held_for)
     by_id = {r[ID]: r for r in rows}
     # Lease start after the GPU rows were read: a GPU freed by a commit that this pass saw
     # was released before this instant, so the lease history never shows a false overlap.
