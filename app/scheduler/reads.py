@@ -182,11 +182,26 @@ def largest_gpu_node(session: Session) -> int:
         return max((n.total for n in node_states(session)[0] if n.schedulable), default=0)
 
 
+_fits_lock = threading.Lock()
+_fits: dict[str, tuple[float, int]] = {}  # database -> (read at, GPUs of its largest node)
+
+
 def no_gpu_node_reason(session: Session, gpus: int) -> str | None:
-    """Why a job asking for `gpus` cannot start on this deployment as it is (None: it can)."""
+    """Why a job asking for `gpus` cannot start on this deployment as it is (None: it can).
+    Asked at every GPU job's submit: a node big enough seen less than HOURS_TTL_S ago in
+    this process answers without reading the nodes again (the submit's own decision reads
+    them right after); a too-small answer is never reused, so a job no node fits is always
+    told so at once."""
     if gpus <= 0:
         return None
+    key, t = str(session.get_bind().engine.url), time.monotonic()
+    with _fits_lock:
+        hit = _fits.get(key)
+    if hit is not None and t - hit[0] < HOURS_TTL_S and hit[1] >= gpus:
+        return None
     top = largest_gpu_node(session)
+    with _fits_lock:
+        _fits[key] = (t, top)
     if top >= gpus:
         return None
     return (f"needs {gpus} GPU(s) on one node; the largest schedulable node has {top}"

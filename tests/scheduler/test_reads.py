@@ -9,7 +9,7 @@ import random
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import insert
+from sqlalchemy import insert, text
 from sqlalchemy.orm import Session
 
 from app.models import Job, User
@@ -135,3 +135,20 @@ def test_postgresql_reads_the_jobs_few_that_matter_keeps(db, seed):
         [w.id for w in want] + [r["id"] for r in rows if r["status"] == "pending"])
     assert len(got) == len({r[ID] for r in got})
     assert len(want) < len(ws)
+
+
+def test_no_node_reason_never_reuses_a_too_small_answer(db):
+    """The submit-time check (reads.no_gpu_node_reason) reuses only a recent 'a node is big
+    enough' answer: a job no node fits is told so at once, and a node that joins is seen by
+    the next submit."""
+    from app.cluster.service import register_node
+    from app.scheduler.reads import no_gpu_node_reason
+
+    db.execute(text("DELETE FROM nodes"))
+    assert "no schedulable node" in (no_gpu_node_reason(db, 1) or "")
+    register_node(db, "r1", [{"index": i} for i in range(2)], hostname="t", cpu_slots=0,
+                  info={})
+    db.flush()
+    assert no_gpu_node_reason(db, 2) is None
+    assert "largest schedulable node has 2" in (no_gpu_node_reason(db, 4) or "")
+    assert no_gpu_node_reason(db, 1) is None
