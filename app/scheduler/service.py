@@ -233,7 +233,7 @@ def _preempt(session: Session, p, by_id, nodes, now, max_per_hour: int) -> None:
     free = {nd.name: len(set(nd.free) - taken.get(nd.name, set())) for nd in live}
     chosen = preempt.choose(waiters, free, {nd.name: nd.total for nd in live},
                             {nd.name: nd.holders for nd in live}, now=now.timestamp(),
-                            max_per_hour=max_per_hour)
+                            max_per_hour=max_per_hour, reserved=p.reserved)
     for c in chosen:
         for victim in c.victims:
             # Still running and not yet asked: a job that ended since the read keeps its end.
