@@ -349,7 +349,7 @@ def test_never_oversubscribes_and_respects_every_rule(case):
 
 
 def test_one_user_cannot_take_every_cpu_slot_while_another_waits():
-    """Issue 17: two long probes of one user held every CPU slot and ingests starved. While
+    """Two long probes of one user held every CPU slot and ingests starved. While
     another user's CPU job waits, a user holds at most all the slots but one."""
     p = plan([job("a2", "a", 0, age=100), job("b1", "b", 0, age=1)], [],
              {"a": Usage(cpu_held=1)}, now=NOW, cpu_free=1)

