@@ -187,18 +187,18 @@ def size_table(n: int, method: str, cells: list[dict], walls: dict[str, list[flo
     """One size and method: per evaluation set tau trained / untrained / prompt lookup (the
     seeds' spread), acceptance per position, the verdicts; then wall time per stage."""
     out = [f"\n== N={n} prompts, {method} ({len({c['seed'] for c in cells})} seed(s))",
-           f"{'eval set':<10} {'tau trained':>24} {'untrained':>10} {'prompt lookup':>14} "
-           f"{'accept/pos (trained)':>24}  verdict"]
+           f"{'eval set':<10} {'tau trained':>26} {'untrained':>14} {'prompt lookup':>14} "
+           f"{'accept/pos (trained)':>22}  verdict"]
     for es in EVAL_SETS:
         cs = [c for c in cells if c["eval_set"] == es]
         if not cs:
             continue
         pos = mean_positions([c["per_position"] for c in cs])
         verdicts = sorted({c["verdict"] or "-" for c in cs})
-        out.append(f"{es:<10} {fmt_tau([c['tau'] for c in cs]):>24} "
-                   f"{fmt_tau([c['tau_baseline'] for c in cs]).split(' ')[0]:>10} "
+        out.append(f"{es:<10} {fmt_tau([c['tau'] for c in cs]):>26} "
+                   f"{fmt_tau([c['tau_baseline'] for c in cs]).split(' ')[0]:>14} "
                    f"{fmt_tau([c['tau_prompt_lookup'] for c in cs]).split(' ')[0]:>14} "
-                   f"{' '.join(f'{p:.2f}' for p in pos):>24}  {'/'.join(verdicts)}")
+                   f"{' '.join(f'{p:.2f}' for p in pos):>22}  {'/'.join(verdicts)}")
     out.append("wall s:   " + "  ".join(
         f"{st} {_wall_text(walls.get(st, []), reused.get(st, 0))}" for st in STAGES
         if walls.get(st) or reused.get(st)))
@@ -319,6 +319,10 @@ def eval_params(a: argparse.Namespace, n_prompts: int, seed: int) -> dict:
 def run_body(a: argparse.Namespace, tgt: str, ds: str, heldout: str, n: int, seed: int) -> dict:
     return {"name": f"quality-{n}-s{seed}", "target_id": tgt, "dataset_id": ds,
             "drafters": drafter_entries(a), "mode": "offline",
+            # Keep the hidden states (a few MB here): retention removes an offline run's once
+            # its trains succeed (app/storage/retention.py), and a rerun of the bench would
+            # then extract and train again instead of reusing them.
+            "keep": True,
             "stages": {"generate": {"backend": "hf", "max_tokens": a.answer_tokens,
                                     "temperature": 0.0, "batch_size": 16},
                        "prepare": {"seq_length": 512},
@@ -337,11 +341,13 @@ def measure(c, a: argparse.Namespace, tgt: dict, sets: dict[str, dict], humaneva
     # so two identical ones queued together would both run.
     later = [(a.sizes[0], s) for s in range(1, a.seeds)]
     runs: dict[tuple[int, int], dict] = {}
+    submitted: dict[tuple[int, int], float] = {}
 
     def submit(n: int, s: int) -> None:
         body = run_body(a, tgt["id"], sets[f"train-{n}"]["id"], sets["heldout"]["id"], n, s)
         r = c.create_run(body)
         runs[(n, s)] = r
+        submitted[(n, s)] = time.monotonic()
         log(f"run {r['id']}: N={n} seed {s} ({len(r['jobs'])} jobs)")
 
     for n in a.sizes:
@@ -379,7 +385,8 @@ def measure(c, a: argparse.Namespace, tgt: dict, sets: dict[str, dict], humaneva
             if js and all(j["status"] == "succeeded" for j in js.values()) and done_he:
                 pending.discard(key)
                 jobs_of[key] = js
-                log(f"N={n} seed {s}: done; " + reuse_text(js, c, he_jobs, key, a.drafters))
+                log(f"N={n} seed {s}: done {time.monotonic() - submitted[key]:.0f} s after "
+                    f"submission; " + reuse_text(js, c, he_jobs, key, a.drafters))
         time.sleep(5)
     cells, rows = [], []
     for (n, s), js in sorted(jobs_of.items()):
@@ -436,7 +443,8 @@ def report(cells: list[dict], rows: list[dict], a: argparse.Namespace) -> list[d
         c = rejected[0]
         print(f"\na rejected drafter (N={c['n']}, seed {c['seed']}, {c['method']}, "
               f"{c['eval_set']}): {c['verdict_reason']}")
-    print("# cells " + json.dumps(cells))
+    print("# cells " + json.dumps([{k: v for k, v in c.items() if k != "verdict_reason"}
+                                   for c in cells]))
     out = json_lines(cells, a.sizes, a.drafters)
     print(json.dumps(out))
     return out
