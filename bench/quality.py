@@ -320,8 +320,15 @@ def eval_params(a: argparse.Namespace, n_prompts: int, seed: int) -> dict:
             "measures": ["specdec"], "seed": seed}
 
 
+def priority(a: argparse.Namespace, n: int) -> int:
+    """Larger sizes first: theirs is the longest chain of stages (the bench's critical path),
+    and the smaller sizes' jobs fill the slots around it."""
+    return min(50 + 10 * a.sizes.index(n), 100)
+
+
 def run_body(a: argparse.Namespace, tgt: str, ds: str, heldout: str, n: int, seed: int) -> dict:
     return {"name": f"quality-{n}-s{seed}", "target_id": tgt, "dataset_id": ds,
+            "priority": priority(a, n),
             "drafters": drafter_entries(a), "mode": "offline",
             # Keep the hidden states (a few MB here): retention removes an offline run's once
             # its trains succeed (app/storage/retention.py), and a rerun of the bench would
@@ -378,7 +385,8 @@ def measure(c, a: argparse.Namespace, tgt: dict, sets: dict[str, dict], humaneva
                     j = c.submit_job("evaluate", eval_params(a, a.humaneval_prompts, s),
                                      {"target": tgt["id"], "drafter": tr["id"],
                                       "data": humaneval["id"]},
-                                     name=f"quality-{n}-s{s}-{m}-humaneval")
+                                     name=f"quality-{n}-s{s}-{m}-humaneval",
+                                     priority=priority(a, n))
                     he_jobs[(n, s, m)] = j["id"]
             failed = [k for k, j in js.items() if j["status"] in ("failed", "cancelled")]
             if failed:
