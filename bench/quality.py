@@ -80,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="length of the regenerated answers and of every evaluation")
     ap.add_argument("--eval-prompts", type=int, default=8, help="held-out ShareGPT prompts")
     ap.add_argument("--humaneval-prompts", type=int, default=8, help="HumanEval prompts")
+    ap.add_argument("--humaneval-seeds", type=int, default=None,
+                    help="how many seeds at the smallest size are also evaluated on HumanEval "
+                         "(default: all; each is two evaluate jobs)")
     ap.add_argument("--max-prompt-chars", type=int, default=400,
                     help="ShareGPT prompts longer than this are skipped (keeps prefill short)")
     ap.add_argument("--epochs", type=int, default=3)
@@ -98,7 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [d for d in a.drafters if d not in METHODS]
     if bad or not a.drafters:
         raise SystemExit(f"--drafters: choose among {', '.join(METHODS)}, got {bad or 'none'}")
-    for flag in ("seeds", "answer_tokens", "eval_prompts", "humaneval_prompts", "epochs",
+    a.humaneval_seeds = a.seeds if a.humaneval_seeds is None else a.humaneval_seeds
+    for flag in ("seeds", "humaneval_seeds", "answer_tokens", "eval_prompts", "humaneval_prompts", "epochs",
                  "spec_tokens"):
         if getattr(a, flag) < 1:
             raise SystemExit(f"--{flag.replace('_', '-')}: must be >= 1, got {getattr(a, flag)}")
@@ -316,8 +320,15 @@ def eval_params(a: argparse.Namespace, n_prompts: int, seed: int) -> dict:
             "measures": ["specdec"], "seed": seed}
 
 
+def priority(a: argparse.Namespace, n: int) -> int:
+    """Larger sizes first: theirs is the longest chain of stages (the bench's critical path),
+    and the smaller sizes' jobs fill the slots around it."""
+    return min(50 + 10 * a.sizes.index(n), 100)
+
+
 def run_body(a: argparse.Namespace, tgt: str, ds: str, heldout: str, n: int, seed: int) -> dict:
     return {"name": f"quality-{n}-s{seed}", "target_id": tgt, "dataset_id": ds,
+            "priority": priority(a, n),
             "drafters": drafter_entries(a), "mode": "offline",
             # Keep the hidden states (a few MB here): retention removes an offline run's once
             # its trains succeed (app/storage/retention.py), and a rerun of the bench would
@@ -368,20 +379,21 @@ def measure(c, a: argparse.Namespace, tgt: dict, sets: dict[str, dict], humaneva
                     submit(n, s)
                 continue
             js = {j["run_stage"]: j for j in c.list_jobs(run_id=runs[key]["id"], limit=100)["data"]}
-            for m in a.drafters:
+            for m in a.drafters if s < a.humaneval_seeds else []:
                 tr = js.get(f"train:{m}")
                 if tr and tr["status"] == "succeeded" and (n, s, m) not in he_jobs:
                     j = c.submit_job("evaluate", eval_params(a, a.humaneval_prompts, s),
                                      {"target": tgt["id"], "drafter": tr["id"],
                                       "data": humaneval["id"]},
-                                     name=f"quality-{n}-s{s}-{m}-humaneval")
+                                     name=f"quality-{n}-s{s}-{m}-humaneval",
+                                     priority=priority(a, n))
                     he_jobs[(n, s, m)] = j["id"]
             failed = [k for k, j in js.items() if j["status"] in ("failed", "cancelled")]
             if failed:
                 j = js[failed[0]]
                 raise RuntimeError(f"N={n} seed {s}: {failed[0]} {j['status']}: {j['error']}")
             done_he = all((n, s, m) in he_jobs and c.get_job(he_jobs[(n, s, m)])["status"]
-                          in TERMINAL for m in a.drafters)
+                          in TERMINAL for m in a.drafters if s < a.humaneval_seeds)
             if js and all(j["status"] == "succeeded" for j in js.values()) and done_he:
                 pending.discard(key)
                 jobs_of[key] = js
@@ -391,8 +403,10 @@ def measure(c, a: argparse.Namespace, tgt: dict, sets: dict[str, dict], humaneva
     cells, rows = [], []
     for (n, s), js in sorted(jobs_of.items()):
         for m in a.drafters:
-            for es, j in (("sharegpt", js[f"evaluate:{m}"]),
-                          ("humaneval", c.get_job(he_jobs[(n, s, m)]))):
+            evals = [("sharegpt", js[f"evaluate:{m}"])]
+            if (n, s, m) in he_jobs:
+                evals.append(("humaneval", c.get_job(he_jobs[(n, s, m)])))
+            for es, j in evals:
                 if j["status"] != "succeeded":
                     raise RuntimeError(f"N={n} seed {s} {m} {es}: {j['status']}: {j['error']}")
                 meta = c.get_artifact(j["outputs"][0])["meta"]
@@ -405,7 +419,7 @@ def measure(c, a: argparse.Namespace, tgt: dict, sets: dict[str, dict], humaneva
         for key, j in js.items():
             rows.append({"n": n, "seed": s, "key": key, "wall_s": job_wall(j),
                          "reused_from": j.get("reused_from")})
-        for m in a.drafters:
+        for m in [m for m in a.drafters if (n, s, m) in he_jobs]:
             j = c.get_job(he_jobs[(n, s, m)])
             rows.append({"n": n, "seed": s, "key": f"evaluate_humaneval:{m}",
                          "wall_s": job_wall(j), "reused_from": j.get("reused_from")})
@@ -416,7 +430,7 @@ def reuse_text(js: dict[str, dict], c, he_jobs: dict, key: tuple[int, int],
                drafters: list[str]) -> str:
     reused = [k for k, j in js.items() if j.get("reused_from")]
     reused += [f"evaluate_humaneval:{m}" for m in drafters
-               if c.get_job(he_jobs[(*key, m)]).get("reused_from")]
+               if (*key, m) in he_jobs and c.get_job(he_jobs[(*key, m)]).get("reused_from")]
     walls = [w for j in js.values() if (w := job_wall(j)) is not None]
     return (f"reused {', '.join(sorted(reused))}" if reused else "nothing reused") + (
         f"; {sum(walls):.0f} s of stage time run" if walls else "; no stage ran")

@@ -24,9 +24,12 @@ def test_flags_default_and_refuse_bad_values_by_name():
     a = q.parse_args([])
     assert a.sizes == [20, 40, 80] and a.seeds == 3 and a.drafters == ["dflash", "eagle3"]
     assert q.parse_args(["--sizes", "80,20,40,20"]).sizes == [20, 40, 80]
+    assert a.humaneval_seeds == 3  # every seed on HumanEval too, unless told fewer
+    assert q.parse_args(["--humaneval-seeds", "1"]).humaneval_seeds == 1
     for argv, flag in ((["--sizes", "20,x"], "--sizes"), (["--sizes", "0"], "--sizes"),
                        (["--drafters", "medusa"], "--drafters"), (["--seeds", "0"], "--seeds"),
                        (["--answer-tokens", "0"], "--answer-tokens"),
+                       (["--humaneval-seeds", "0"], "--humaneval-seeds"),
                        (["--draft-vocab", "8"], "--draft-vocab")):
         with pytest.raises(SystemExit) as e:
             q.parse_args(argv)
