@@ -45,6 +45,14 @@ def validation_error(e: ValidationError, where: str, code: str) -> StageError:
                       {"errors": errors})
 
 
+def parse_model(model: type[M], raw: Any, where: str, code: str) -> M:
+    """`raw` validated by `model`; `where` names it as the spec does ("params", "inputs")."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise validation_error(e, where, code) from None
+
+
 def parse_params(model: type[M], raw: Any) -> M:
     """`spec["params"]` validated by the stage's model (the one in contracts/ the API
     validated with too); a missing or null params is `{}` (every default)."""
