@@ -97,10 +97,10 @@ def tokenized(tmp_path_factory):
 @pytest.mark.parametrize("ids", CASES, ids=str)
 def test_layer_ids_are_accepted_or_refused_alike_everywhere(ids, tokenized, tmp_path):
     from contracts.extract import ExtractParams
-    from contracts.train import DrafterParams, TrainParams
+    from contracts.train import DrafterParams
     from workers.stages.evaluate.drafter import DrafterSpec, check_fit
     from workers.stages.extract.layers import resolve_layers
-    from workers.stages.train.job import resolve_job
+    from tests.stages.typed import train_job
 
     def extract() -> None:
         p = ExtractParams.model_validate({"layer_ids": ids})
@@ -112,7 +112,7 @@ def test_layer_ids_are_accepted_or_refused_alike_everywhere(ids, tokenized, tmp_
         spec = {"inputs": {"target": {"path": str(tmp_path), "config": TARGET},
                            "tokenized": {"path": str(tokenized)}},
                 "out_dir": str(tmp_path / "out"), "work_dir": str(tmp_path / "work")}
-        resolve_job(spec, TrainParams.model_validate(raw), "hf", cuda=False)
+        train_job({**spec, "params": raw}, "hf")
 
     def evaluate() -> None:  # a drafter checkpoint that taps these layers
         check_fit(DrafterSpec(path=tmp_path, kind="dflash", hidden_size=64, vocab_size=32,

@@ -18,3 +18,11 @@ def run_stage(type_: str, spec: dict[str, Any], ctx: StageContext | None = None)
 def typed(type_: str, spec: dict[str, Any]) -> tuple[Any, Any]:
     """(params, inputs) of `spec` as the stage `type_` receives them."""
     return parse(type_, spec)
+
+
+def train_job(spec: dict[str, Any], source: str, cuda: bool = False) -> Any:
+    """The train stage's resolved `TrainJob` for `spec` (workers/stages/train/job.py)."""
+    from workers.stages.train.job import resolve_job
+
+    params, inputs = parse("train", spec)
+    return resolve_job(params, inputs, StageContext.from_spec(spec), source, cuda=cuda)

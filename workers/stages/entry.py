@@ -16,7 +16,6 @@ Imports nothing heavy and nothing from app/, SQLAlchemy, Celery or HTTP."""
 from __future__ import annotations
 
 import importlib
-import inspect
 from typing import Any
 
 from pydantic import BaseModel
@@ -24,7 +23,7 @@ from pydantic import BaseModel
 from contracts.jobtypes import JOB_TYPES
 from contracts.resolved import PlanInputs, PlanParams
 from workers.stages.common import StageContext, check_roots
-from workers.stages.kernel import parse_model
+from workers.stages.kernel import parse_model, parse_params
 
 # Every job type, and `plan` (the API's dry run of a run's body, never a job): its params
 # model and its resolved inputs model.
@@ -39,7 +38,7 @@ def parse(type_: str, spec: dict[str, Any]) -> tuple[Any, Any]:
     """(params, inputs) of a stage spec, typed; a missing or null params is `{}` (every
     default), missing inputs are `{}` (so a required one is named)."""
     params_model, inputs_model = MODELS[type_]
-    params = parse_model(params_model, spec.get("params") or {}, "params", "invalid_params")
+    params = parse_params(params_model, spec.get("params"))
     inputs = parse_model(inputs_model, spec.get("inputs") or {}, "inputs", "invalid_input")
     return params, inputs
 
@@ -49,6 +48,4 @@ def call(type_: str, spec: dict[str, Any], ctx: StageContext) -> dict:
     params, inputs = parse(type_, spec)
     check_roots(inputs, spec.get("roots"))
     mod = importlib.import_module(f"workers.stages.{type_}")
-    if len(inspect.signature(mod.run).parameters) == 2:  # not moved to typed values yet
-        return mod.run(spec, ctx) or {}
     return mod.run(params, inputs, ctx) or {}

@@ -42,7 +42,7 @@ CPU_ARGS = ["--dtype", engine_dtype(), "--max-model-len", "512", "--enforce-eage
 
 
 def _train(vllm_train_data, tmp_path: Path, kind: str) -> tuple[Path, dict]:
-    from workers.stages.train import run
+    from tests.stages.typed import run_stage
 
     target, tok, hs = vllm_train_data
     params = ts.dflash_params(max_steps=30) if kind == "dflash" else ts.dflash_params(
@@ -50,7 +50,7 @@ def _train(vllm_train_data, tmp_path: Path, kind: str) -> tuple[Path, dict]:
     spec = ts.train_spec(tmp_path, target, tok, hs, params, name=f"train_{kind}")
     ctx = StageContext.from_spec(spec)
     try:
-        run(spec, ctx)
+        run_stage("train", spec, ctx)
     finally:
         ctx.close()
     (art,) = ctx.artifacts
@@ -112,11 +112,11 @@ def test_trained_drafter_served_by_vllm_with_the_artifact_command(vllm_train_dat
                        "baseline": None, "chat_template_kwargs": {"enable_thinking": False}},
             "out_dir": str(tmp_path / "eval" / "out"), "work_dir": str(tmp_path / "eval" / "work"),
             "events_path": str(tmp_path / "eval" / "events.jsonl")}
-    from workers.stages.evaluate import run
+    from tests.stages.typed import run_stage
 
     ctx = StageContext.from_spec(spec)
     try:
-        ours_report = run(spec, ctx)
+        ours_report = run_stage("evaluate", spec, ctx)
     finally:
         ctx.close()
     report(f"serve_{kind}", vllm_tau=res["tau"], draftyard_tau=ours_report["tau"],
