@@ -54,15 +54,19 @@ def test_every_stage_reports_bad_params_in_one_shape(stage, tmp_path):
     assert {x["message"] for x in errors} == {"Extra inputs are not permitted"}
 
 
-@pytest.mark.parametrize("stage, field", [
-    ("ingest", "inputs.source"), ("mix", "inputs.sources"), ("generate", "inputs.dataset"),
-    ("prepare", "inputs.dataset"), ("extract", "inputs.tokenized"), ("train", "inputs.target"),
-    ("evaluate", "inputs.target"),
+@pytest.mark.parametrize("stage, fields", [
+    ("ingest", ["inputs.source"]), ("mix", ["inputs.sources"]),
+    ("generate", ["inputs.dataset", "inputs.target"]),
+    ("prepare", ["inputs.dataset", "inputs.target"]),
+    ("extract", ["inputs.tokenized", "inputs.target"]),
+    ("train", ["inputs.tokenized", "inputs.target"]),
+    ("evaluate", ["inputs.target", "inputs.drafter", "inputs.data"]),
 ])
-def test_every_stage_reports_a_missing_input_in_the_same_shape(stage, field, tmp_path):
+def test_every_stage_reports_a_missing_input_in_the_same_shape(stage, fields, tmp_path):
+    """Every missing input at once, in the inputs model's order (workers/stages/entry.py)."""
     rc, err = _run_stage(tmp_path, stage, GOOD_PARAMS[stage], {})
     assert rc == 2 and err["code"] == "invalid_input", err
-    assert [x["field"] for x in _assert_one_shape(err)] == [field]
+    assert [x["field"] for x in _assert_one_shape(err)] == fields
 
 
 # -- one rule for target layer ids ----------------------------------------------------------
