@@ -70,7 +70,8 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     from contracts.extract import ExtractVllmParams
     from workers.stages.common import StageContext
-    from workers.stages.extract import run
+    from contracts.resolved import ResolvedTarget
+    from workers.stages.entry import call
     from workers.stages.extract.backends import ExtractJob, open_rows
     from workers.stages.extract.backends.hf import HFExtractor, load_decoder
     from workers.stages.extract.batching import plan_batches
@@ -94,14 +95,14 @@ def main() -> None:
             "out_dir": str(tmp / "out"), "work_dir": str(tmp / "work")}
     ctx = StageContext.from_spec(spec)
     t0 = time.perf_counter()
-    summary = run(spec, ctx)
+    summary = call("extract", spec, ctx)
     stage_s = time.perf_counter() - t0
     meta = ctx.artifacts[0]["meta"]
 
     # 1. throughput, interleaved with a bare forward over the same batches
     plan = resolve_layers(config, "dflash", None)
-    job = ExtractJob(tokenized_path=str(tok), target={"path": str(target)}, layers=plan,
-                     dtype=a.dtype, batch_tokens=a.batch_tokens, batch_mode="padded",
+    job = ExtractJob(tokenized_path=str(tok), target=ResolvedTarget(path=str(target)),
+                     layers=plan, dtype=a.dtype, batch_tokens=a.batch_tokens, batch_mode="padded",
                      attn_implementation=None, folder=tmp / "bench_hs", work_dir=tmp,
                      workers=1, vllm=ExtractVllmParams())
     batches = plan_batches(list(enumerate(lens)), a.batch_tokens, "padded")

@@ -98,14 +98,14 @@ def job_spec(base: Path, inputs, kind: str, steps: int, seq: int) -> dict:
 def interleaved(base: Path, inputs, kind: str, steps: int, seq: int,
                 chunk: int) -> tuple[list[float], list[float]]:
     """(job step times, bare step times), alternating chunk by chunk, first chunk dropped."""
-    from contracts.train import TrainParams
     from workers.stages.common import StageContext
-    from workers.stages.kernel import parse_params
+    from workers.stages.entry import parse
     from workers.stages.train import loop
     from workers.stages.train.job import resolve_job
 
     spec = job_spec(base, inputs, kind, steps, seq)
-    job = resolve_job(spec, parse_params(TrainParams, spec["params"]), "offline", cuda=False)
+    params, typed = parse("train", spec)
+    job = resolve_job(params, typed, StageContext.from_spec(spec), "offline", cuda=False)
     bare = Bare(inputs, kind, seq, steps)
     bare_times: list[float] = []
 

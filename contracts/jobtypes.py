@@ -24,6 +24,9 @@ from contracts.ingest import IngestParams
 from contracts.inputs import (EvaluateInputs, ExtractInputs, GenerateInputs, IngestInputs,
                               MixInputs, PrepareInputs, ProbeInputs, SplitInputs, TrainInputs)
 from contracts.mix import MixParams
+from contracts.resolved import (EvaluateResolved, ExtractResolved, GenerateResolved,
+                                IngestResolved, MixResolved, PrepareResolved, ProbeResolved,
+                                SplitResolved, TrainResolved)
 from contracts.prepare import PrepareParams
 from contracts.probe import ProbeParams
 from contracts.split import SplitParams
@@ -76,6 +79,9 @@ class JobTypeDef:
     disk: Literal["hidden_states", "tokenized", "generated"] | None = None
     # One line for the CLI (`draftyard submit --help`).
     summary: str = ""
+    # The inputs as the stage receives them, resolved (contracts/resolved.py): the stage entry
+    # point (workers/stages/entry.py) validates a spec's inputs with it.
+    resolved: type[BaseModel] = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if not self.summary:
@@ -86,6 +92,9 @@ class JobTypeDef:
         if set(self.accepts) != names:
             raise TypeError(f"{self.name}: accepts {sorted(self.accepts)} but the inputs "
                             f"model has {sorted(names)}")
+        if set(self.resolved.model_fields) != names:
+            raise TypeError(f"{self.name}: resolved inputs {sorted(self.resolved.model_fields)} "
+                            f"but the inputs model has {sorted(names)}")
         if self.preemptible_by_default and not self.resumable:
             raise TypeError(f"{self.name}: preemptible by default but not resumable")
 
@@ -99,37 +108,45 @@ _T = ("target",)
 _RUNS = "runs the target"
 JOB_TYPES: dict[str, JobTypeDef] = {d.name.value: d for d in (
     # probe: diagnostics, nothing to lose when stopped, never reused.
-    JobTypeDef(JobType.probe, ProbeParams, ProbeInputs, resumable=True, gpu=True,
-               reusable=False, summary="a node's facts (or a sleep or failure on purpose)"),
+    JobTypeDef(JobType.probe, ProbeParams, ProbeInputs, resolved=ProbeResolved,
+               resumable=True, gpu=True, reusable=False,
+                summary="a node's facts (or a sleep or failure on purpose)"),
     JobTypeDef(JobType.ingest, IngestParams, IngestInputs, {"source": ("upload", "path")},
+               resolved=IngestResolved,
                streaming=True, summary="a chat-data file -> a dataset"),
-    JobTypeDef(JobType.mix, MixParams, MixInputs, {"sources": ("dataset",)}, streaming=True,
+    JobTypeDef(JobType.mix, MixParams, MixInputs, {"sources": ("dataset",)},
+               resolved=MixResolved, streaming=True,
                summary="several datasets -> one, in chosen shares"),
     # split: one dataset -> a training part and a held-out part (seeded).
     JobTypeDef(JobType.split_, SplitParams, SplitInputs, {"dataset": ("dataset",)},
+               resolved=SplitResolved,
                streaming=True, summary="a dataset -> a training part and a held-out part"),
     # generate and extract resume from their finished shards/samples; they may opt in.
     JobTypeDef(JobType.generate, GenerateParams, GenerateInputs,
-               {"dataset": ("dataset",), "target": _T}, resumable=True, gpu=True,
+               {"dataset": ("dataset",), "target": _T}, resolved=GenerateResolved,
+               resumable=True, gpu=True,
                target_weights=f"{_RUNS} to write the answers", model_stage=True,
                disk="generated", summary="a dataset whose answers the target writes"),
     JobTypeDef(JobType.prepare, PrepareParams, PrepareInputs,
-               {"dataset": ("dataset",), "target": _T}, disk="tokenized",
+               {"dataset": ("dataset",), "target": _T}, resolved=PrepareResolved,
+               disk="tokenized",
                summary="a dataset -> token ids and loss masks for the target"),
     JobTypeDef(JobType.extract, ExtractParams, ExtractInputs,
-               {"tokenized": ("tokenized",), "target": _T}, resumable=True, gpu=True,
+               {"tokenized": ("tokenized",), "target": _T}, resolved=ExtractResolved,
+               resumable=True, gpu=True,
                target_weights=f"{_RUNS} to capture its hidden states", model_stage=True,
                disk="hidden_states", summary="the target's hidden states (offline training)"),
     # train checkpoints on SIGTERM: preemptible unless an admin exempts the job.
     JobTypeDef(JobType.train, TrainParams, TrainInputs,
                {"tokenized": ("tokenized",), "target": _T, "hidden_states": ("hidden_states",)},
+               resolved=TrainResolved,
                resumable=True, preemptible_by_default=True, gpu=True,
                target_weights="builds the drafter on the target's embeddings and lm_head "
                               f"(online, it also {_RUNS})", model_stage=True,
                summary="a drafter, trained on the target's hidden states"),
     JobTypeDef(JobType.evaluate, EvalParams, EvaluateInputs,
                {"target": _T, "drafter": ("drafter",), "data": ("tokenized", "dataset"),
-                "baseline_drafter": ("drafter",)}, gpu=True,
+                "baseline_drafter": ("drafter",)}, resolved=EvaluateResolved, gpu=True,
                target_weights=f"{_RUNS} alone and with the drafter", model_stage=True,
                summary="a drafter's acceptance (tau, per position) with the target"),
 )}

@@ -31,6 +31,7 @@ from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, Job
 from app.scheduler.reaper import fence_s, give_up_s
 from app.storage.retention import settle_scratch
+from contracts.resolved import Resolved
 from contracts.spec import StageSpec
 from procgroup.memory import mib
 from workers.attempt import Attempt
@@ -93,7 +94,7 @@ def prepare_attempt(job_id: str) -> Attempt:
         jd = _job_dir(job_id)
         scratch = scratch_dir(job_id, job.attempt)
         spec = StageSpec.in_folder(job.type, jd, scratch, attempt=job.attempt, job_id=job.id,
-                                   params=job.params, inputs=resolved, gpus=gpus,
+                                   params=job.params, inputs=_dump(resolved), gpus=gpus,
                                    roots=spec_roots(),
                                    limits={"max_decompressed_bytes":
                                            get_settings().max_decompressed_bytes})
@@ -102,12 +103,19 @@ def prepare_attempt(job_id: str) -> Attempt:
                        _input_ids(resolved))
 
 
+def _dump(resolved: dict) -> dict:
+    """The resolved inputs as the spec file carries them (JSON)."""
+    return {k: [x.model_dump(mode="json") for x in v] if isinstance(v, list)
+            else v.model_dump(mode="json") if isinstance(v, Resolved) else v
+            for k, v in resolved.items()}
+
+
 def _input_ids(resolved: dict) -> list[str]:
     ids: list[str] = []
     for v in resolved.values():
         for x in (v if isinstance(v, list) else [v]):
-            if isinstance(x, dict) and x.get("id"):
-                ids.append(x["id"])
+            if isinstance(x, Resolved) and x.id:
+                ids.append(x.id)
     return ids
 
 

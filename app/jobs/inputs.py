@@ -1,6 +1,8 @@
-"""Resolve a job's input references (ids and `{"job": ...}`) to concrete artifacts and targets.
+"""Resolve a job's input references (ids and `{"job": ...}`) to concrete artifacts and targets:
+the typed models of contracts/resolved.py, built here and nowhere else.
 
-Used by the scheduler (reuse fingerprints) and by the worker (the stage's spec)."""
+Used by the scheduler (reuse fingerprints, disk reservations), the API's plan and the worker
+(the stage's spec, whose entry point validates them again: workers/stages/entry.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from sqlalchemy.orm import Session
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Dataset, Job, Target
 from contracts.jobtypes import JOB_TYPES
+from contracts.resolved import Resolved, ResolvedArtifact, ResolvedDataset, ResolvedTarget
 
 
 class Unresolved(Exception):
@@ -33,21 +36,21 @@ def live(a: Artifact, via: str = "") -> Artifact:
     return a
 
 
-def target_dict(t: Target) -> dict:
-    return {"kind": "target", "id": t.id, "path": t.path, "tokenizer_path": t.tokenizer_path,
-            "chat_template": t.chat_template, "chat_template_kwargs": t.chat_template_kwargs or {},
-            "config": t.config or {}}
+def resolved_target(t: Target) -> ResolvedTarget:
+    return ResolvedTarget(id=t.id, path=t.path, tokenizer_path=t.tokenizer_path,
+                          chat_template=t.chat_template,
+                          chat_template_kwargs=t.chat_template_kwargs or {},
+                          config=t.config or {})
 
 
-def artifact_dict(a: Artifact) -> dict:
-    return {"kind": a.kind, "id": a.id, "path": a.uri, "meta": a.meta or {}}
+def resolved_artifact(a: Artifact, **dataset: Any) -> ResolvedArtifact:
+    return ResolvedArtifact(kind=a.kind, id=a.id, path=a.uri, meta=a.meta or {}, **dataset)
 
 
-def resolve_ref(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
+def resolve_ref(session: Session, ref: Any, kinds: tuple[str, ...]) -> Resolved:
     if isinstance(ref, dict) and "dataset_id" in ref:  # a mix source carries its own options
         base = resolve_ref(session, ref["dataset_id"], kinds)
-        return {**base, **{k: v for k, v in ref.items() if k != "dataset_id"},
-                "dataset_id": ref["dataset_id"]}
+        return ResolvedDataset(**{**base.model_dump(), **ref})
     if isinstance(ref, dict) and "artifact" in ref:
         ref = ref["artifact"]
     if isinstance(ref, str) and ref.startswith("job_"):
@@ -60,13 +63,13 @@ def resolve_ref(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
         want = ref.get("output")
         for art in arts:
             if (want and art.meta.get("name") == want) or (not want and art.kind in kinds):
-                return artifact_dict(live(art, f"job {job.id}'s output "))
+                return resolved_artifact(live(art, f"job {job.id}'s output "))
         raise Unresolved(f"job {job.id} produced no {'/'.join(kinds)} artifact")
     if isinstance(ref, str) and ref.startswith("tgt_"):
         t = session.get(Target, ref)
         if t is None:
             raise Unresolved(f"target {ref} not found")
-        return target_dict(t)
+        return resolved_target(t)
     if isinstance(ref, str) and ref.startswith("ds_"):
         d = session.get(Dataset, ref)
         if d is None or d.artifact_id is None:
@@ -74,21 +77,23 @@ def resolve_ref(session: Session, ref: Any, kinds: tuple[str, ...]) -> dict:
         a = session.get(Artifact, d.artifact_id)
         if a is None:
             raise Unresolved(f"dataset {ref}: its artifact {d.artifact_id} is gone")
-        return {**artifact_dict(live(a, f"dataset {ref}: its ")), "dataset_id": d.id, "name": d.name}
+        return resolved_artifact(live(a, f"dataset {ref}: its "), dataset_id=d.id, name=d.name)
     if isinstance(ref, str) and ref.startswith("art_"):
         a = session.get(Artifact, ref)
         if a is None:
             raise Unresolved(f"artifact {ref} not found")
-        return artifact_dict(live(a))
+        return resolved_artifact(live(a))
     raise Unresolved(f"cannot resolve input {ref!r}")
 
 
 def resolve(session: Session, job: Job) -> dict[str, Any]:
+    """{input name: its resolved model (a list for a list input)}; an ingest's source file as
+    the client named it (its stage validates it: contracts/resolved.IngestResolved)."""
     allowed = JOB_TYPES[job.type].accepts
     out: dict[str, Any] = {}
     for name, ref in (job.inputs or {}).items():
         if job.type == "ingest":
-            out[name] = ref
+            out[name] = ref  # the file as the client named it (contracts/inputs.SourceFile)
             continue
         kinds = allowed.get(name, ())
         out[name] = ([resolve_ref(session, r, kinds) for r in ref] if isinstance(ref, list)
@@ -102,12 +107,14 @@ def fingerprint(job: Job, resolved: dict[str, Any]) -> str:
     def ident(v: Any) -> Any:
         if isinstance(v, list):
             return [ident(x) for x in v]
-        if isinstance(v, dict) and "id" in v:
-            extra = {k: v[k] for k in ("weight", "max_records") if k in v}
-            if v.get("kind") == "target":  # a target is its files and its template
-                extra.update(path=v["path"], tmpl=v.get("chat_template"),
-                             kw=v.get("chat_template_kwargs"))
-            return {"id": v["id"], **extra}
+        if isinstance(v, ResolvedTarget):  # a target is its files and its template
+            return {"id": v.id, "path": v.path, "tmpl": v.chat_template,
+                    "kw": v.chat_template_kwargs}
+        if isinstance(v, ResolvedDataset):
+            return {"id": v.id, **v.model_dump(include={"weight", "max_records"},
+                                               exclude_none=True)}
+        if isinstance(v, ResolvedArtifact):
+            return {"id": v.id}
         return v
 
     body = {"type": job.type, "inputs": {k: ident(v) for k, v in resolved.items()},

@@ -27,11 +27,12 @@ from pathlib import Path
 from app.core.config import get_settings
 from app.core.db import unit_of_work
 from app.core.errors import Invalid, TooMany, Unavailable
-from app.jobs.inputs import Unresolved, resolve_ref, target_dict
+from app.jobs.inputs import Unresolved, resolve_ref, resolved_target
 from app.models import Target
 from app.plans.nodes import gpu_node_warnings
 from app.plans.params import name_params
 from contracts.run import RunSpec
+from contracts.resolved import PlanInputs, PlanParams, ResolvedArtifact
 from contracts.spec import StageSpec
 from procgroup.warm import WarmStarter
 
@@ -40,7 +41,7 @@ PLAN_TIMEOUT_S = 120
 log = logging.getLogger(__name__)
 
 
-def _plan_inputs(body: RunSpec) -> tuple[dict, dict | None]:
+def _plan_inputs(body: RunSpec) -> PlanInputs:
     """The target and dataset as the plan stage reads them, in a short read-only transaction
     of its own: the plan then runs for up to 120 s holding no transaction (in embedded mode
     a request's transaction would hold SQLite's write lock all that time)."""
@@ -53,14 +54,15 @@ def _plan_inputs(body: RunSpec) -> tuple[dict, dict | None]:
             dataset = resolve_ref(session, body.dataset_id, ("dataset",))
         except Unresolved:
             dataset = None
-        return target_dict(t), dataset
+        return PlanInputs(target=resolved_target(t),
+                          dataset=dataset if isinstance(dataset, ResolvedArtifact) else None)
 
 
 def make_plan(body: RunSpec, free_bytes_override: int | None = None) -> dict:
     s = get_settings()
-    target, dataset = _plan_inputs(body)
+    inputs = _plan_inputs(body)
     with plan_slot(s.home / "plans", s.max_concurrent_plans):
-        plan = _run_plan(s, target, dataset, body, free_bytes_override)
+        plan = _run_plan(s, inputs, body, free_bytes_override)
     plan.setdefault("warnings", []).extend(gpu_node_warnings(body))
     return name_params(plan, body)
 
@@ -87,16 +89,14 @@ def plan_slot(folder: Path, slots: int) -> Iterator[None]:
                   "try again when one has finished", code="too_many_plans")
 
 
-def _run_plan(s, target: dict, dataset: dict | None, body: RunSpec,
-              free_bytes_override: int | None) -> dict:
+def _run_plan(s, inputs: PlanInputs, body: RunSpec, free_bytes_override: int | None) -> dict:
     work = s.home / "plans" / uuid.uuid4().hex[:12]
     work.mkdir(parents=True, exist_ok=True)
-    spec = StageSpec.in_folder("plan", work, work, inputs={"target": target, "dataset": dataset},
-                               params={"run": body.model_dump(mode="json"),
-                                       "sample": body.plan_sample,
-                                       "disk_path": str(s.artifacts_dir),
-                                       "free_bytes_override": free_bytes_override,
-                                       "rates": s.plan_rates})
+    params = PlanParams(run=body.model_dump(mode="json"), sample=body.plan_sample,
+                        disk_path=str(s.artifacts_dir), free_bytes_override=free_bytes_override,
+                        rates=s.plan_rates)
+    spec = StageSpec.in_folder("plan", work, work, inputs=inputs.model_dump(mode="json"),
+                               params=params.model_dump(mode="json"))
     spec.write(work / "spec.json")
     try:
         rc, stderr = _plan_process(s, work)

@@ -26,6 +26,7 @@ from app.models import Artifact, Job, Target
 from app.storage.volumes import existing, volumes
 from contracts.drafters import DEFAULT_DRAFTER, UnknownDrafter, default_layer_ids
 from contracts.jobtypes import JOB_TYPES, RESERVES
+from contracts.resolved import ResolvedArtifact, ResolvedTarget
 from contracts.storage import (DTYPE_SIZES, generate_bytes, hidden_state_bytes, human_bytes,
                                prepare_bytes)
 
@@ -33,9 +34,9 @@ VOLUME = "scratch"  # where stages write (see the module doc)
 
 
 def _hidden_states(session: Session, job: Job, inputs: dict) -> int | None:
-    tok, tgt = inputs.get("tokenized") or {}, inputs.get("target") or {}
-    meta = tok.get("meta") or {}
-    t = session.get(Target, tgt.get("id")) if tgt.get("id") else None
+    tok, tgt = inputs.get("tokenized"), inputs.get("target")
+    meta = tok.meta if isinstance(tok, ResolvedArtifact) else {}
+    t = session.get(Target, tgt.id) if isinstance(tgt, ResolvedTarget) and tgt.id else None
     tokens, rows = meta.get("num_tokens"), meta.get("num_rows")
     if t is None or not t.hidden_size or not isinstance(tokens, int):
         return None
@@ -54,8 +55,8 @@ def _hidden_states(session: Session, job: Job, inputs: dict) -> int | None:
 
 
 def _dataset(session: Session, inputs: dict) -> Artifact | None:
-    ds = inputs.get("dataset") or {}
-    return session.get(Artifact, ds.get("id")) if ds.get("id") else None
+    ds = inputs.get("dataset")
+    return session.get(Artifact, ds.id) if isinstance(ds, ResolvedArtifact) and ds.id else None
 
 
 def _tokenized(session: Session, job: Job, inputs: dict) -> int | None:

@@ -161,12 +161,12 @@ def make_spec(root: Path, records: list[dict], target: dict, **params) -> dict:
 
 
 def run_stage(spec: dict) -> dict:
+    from tests.stages.typed import run_stage as run_typed
     from workers.stages.common import StageContext
-    from workers.stages.generate import run
 
     ctx = StageContext.from_spec(spec)
     try:
-        return run(spec, ctx)
+        return run_typed("generate", spec, ctx)
     finally:
         ctx.close()
 

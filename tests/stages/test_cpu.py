@@ -37,9 +37,8 @@ def test_the_plan_names_a_float32_forward_where_the_cpu_lacks_the_stored_dtype(
     says extract computes in float32, with the measured rate."""
     from tests.stages.conftest import target_input
     from tests.stages.test_plan_training import _records
-    from workers.stages.common import StageContext
     from workers.stages.cpu import float32_note
-    from workers.stages.plan import run
+    from tests.stages.typed import run_stage
     from tests.stages.records_support import write_dataset
 
     write_dataset(tmp_path / "ds", _records(8))
@@ -51,7 +50,7 @@ def test_the_plan_names_a_float32_forward_where_the_cpu_lacks_the_stored_dtype(
                        "target": target_input(tiny_target)},
             "params": {"run": body, "sample": 8}, "out_dir": str(tmp_path / "out"),
             "work_dir": str(tmp_path / "work")}
-    plan = run(spec, StageContext.from_spec(spec))
+    plan = run_stage("plan", spec)
     note = float32_note("float16")
     said = [w for w in plan["warnings"] if w.startswith("extract: this CPU has no native")]
     assert said == ([f"extract: {note}"] if note else [])

@@ -16,7 +16,7 @@ import torch
 from tests.stages.conftest import target_input
 from tests.stages.evaluate_support import make_drafter, write_tokenized
 from workers.stages.common import StageContext, StageError
-from workers.stages.evaluate import run
+from tests.stages.typed import run_stage
 from workers.stages.evaluate.drafter import load_drafter, read_drafter
 from workers.stages.evaluate.proposers import make_proposer
 from workers.stages.evaluate.specdec import (
@@ -222,7 +222,7 @@ def test_drafter_for_another_target_is_refused_before_compute(shape, aux, expect
     spec = _spec(tmp_path, tiny_target, tmp_path / "drafter", data, {"num_prompts": 2})
     t0 = time.monotonic()
     with pytest.raises(StageError) as e:
-        run(spec, StageContext.from_spec(spec))
+        run_stage("evaluate", spec)
     assert e.value.code == "drafter_target_mismatch"
     assert expect in e.value.message
     assert time.monotonic() - t0 < 5.0  # JSON only: no model was loaded
@@ -234,7 +234,7 @@ def test_invalid_params_name_the_field(tiny_target, dflash_dir, tmp_path):
     spec = _spec(tmp_path, tiny_target, dflash_dir, _dataset(tmp_path / "ds"),
                  {"num_prompts": 0, "bogus": 1})
     with pytest.raises(StageError) as e:
-        run(spec, StageContext.from_spec(spec))
+        run_stage("evaluate", spec)
     assert e.value.code == "invalid_params"
     assert "num_prompts" in e.value.message and "bogus" in e.value.message
 
@@ -246,13 +246,13 @@ def test_thinking_mode_mismatch_is_refused_unless_allowed(tiny_target, dflash_di
               "chat_template_kwargs": {"enable_thinking": False}}
     spec = _spec(tmp_path, tiny_target, dflash_dir, data, params)
     with pytest.raises(StageError) as e:
-        run(spec, StageContext.from_spec(spec))
+        run_stage("evaluate", spec)
     assert e.value.code == "template_mismatch"
     assert '"enable_thinking": true' in e.value.message
     assert '"enable_thinking": false' in e.value.message
 
     spec["params"]["allow_template_mismatch"] = True
-    out = run(spec, StageContext.from_spec(spec))
+    out = run_stage("evaluate", spec)
     report = json.loads((tmp_path / "out" / "report" / "report.json").read_text())
     assert out["tau_sim"] is not None
     assert "enable_thinking" in report["template_mismatch"]
@@ -267,7 +267,7 @@ def test_stage_writes_report_plot_and_rejects_below_min_tau(tiny_target, dflash_
               "chat_template_kwargs": {"enable_thinking": False}}
     spec = _spec(tmp_path, tiny_target, dflash_dir, data, params)
     ctx = StageContext.from_spec(spec)
-    summary = run(spec, ctx)
+    summary = run_stage("evaluate", spec, ctx)
     ctx.close()
     folder = tmp_path / "out" / "report"
     report = json.loads((folder / "report.json").read_text())
@@ -325,7 +325,7 @@ def test_tokenized_rows_with_eagle3_and_given_baseline(tiny_target, eagle_dir, d
     spec = _spec(tmp_path, tiny_target, eagle_dir, data,
                  {"num_prompts": 2, "max_new_tokens": 8})
     spec["inputs"]["baseline_drafter"] = {"path": str(dflash_dir), "meta": {}}
-    run(spec, StageContext.from_spec(spec))
+    run_stage("evaluate", spec)
     report = json.loads((tmp_path / "out" / "report" / "report.json").read_text())
     assert report["data"] == {"path": data["path"], "kind": "tokenized", "prompts": 2, "rows": 3}
     assert report["tau_sim_source"] == "tokenized rows"
@@ -362,7 +362,7 @@ def test_no_better_than_untrained_is_rejected_by_default_naming_the_oov_share(
     spec = _spec(tmp_path, tiny_target, out, data,
                  {"num_prompts": 3, "max_new_tokens": 12,
                   "chat_template_kwargs": {"enable_thinking": False}})
-    summary = run(spec, StageContext.from_spec(spec))
+    summary = run_stage("evaluate", spec)
     report = json.loads((tmp_path / "out" / "report" / "report.json").read_text())
     assert report["params"]["min_tau"] == 1.5 and report["params"]["min_gain"] == 0.2
     cov = report["diagnostics"]["draft_vocab"]

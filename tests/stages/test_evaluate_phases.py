@@ -11,7 +11,7 @@ import pytest
 from tests.stages.conftest import target_input
 from tests.stages.evaluate_support import make_drafter
 from workers.stages.common import StageContext
-from workers.stages.evaluate import run
+from tests.stages.typed import run_stage
 from tests.stages.records_support import write_dataset
 
 PHASES = ["reference answers", "target alone", "with the drafter", "with the baseline",
@@ -46,7 +46,7 @@ def test_phases_named_in_progress_and_tau_split_by_source(tiny_target, tmp_path)
             "events_path": str(tmp_path / "events.jsonl")}
     ctx = StageContext.from_spec(spec)
     try:
-        run(spec, ctx)
+        run_stage("evaluate", spec, ctx)
     finally:
         ctx.close()
 

@@ -25,8 +25,7 @@ from tests.stages.evaluate_support import (
     render_prompts,
     train_dflash,
 )
-from workers.stages.common import StageContext
-from workers.stages.evaluate import run
+from tests.stages.typed import run_stage
 from tests.stages.records_support import write_dataset
 
 # tau_sim is teacher-forced on the target's greedy answers to the very prompts that real
@@ -66,7 +65,7 @@ def _evaluate(tmp_path: Path, target: Path, n_train: int, n_eval: int, max_new: 
                    "chat_template_kwargs": {"enable_thinking": False}},
         "out_dir": str(tmp_path / "out"), "work_dir": str(tmp_path / "work"),
     }
-    summary = run(spec, StageContext.from_spec(spec))
+    summary = run_stage("evaluate", spec)
     report = json.loads((tmp_path / "out" / "report" / "report.json").read_text())
     assert summary["tau"] == report["tau"]
     return report, losses

@@ -80,12 +80,12 @@ def make_spec(tmp: Path, tokenized: Path, model_dir: Path, **params) -> dict:
 
 
 def run_stage(spec: dict) -> tuple[dict, object]:
+    from tests.stages.typed import run_stage as run_typed
     from workers.stages.common import StageContext
-    from workers.stages.extract import run
 
     ctx = StageContext.from_spec(spec)
     try:
-        return run(spec, ctx), ctx
+        return run_typed("extract", spec, ctx), ctx
     finally:
         ctx.close()
 

@@ -22,11 +22,12 @@ httpx = pytest.importorskip("httpx")
 
 def _job(tmp: Path, model_dir: Path, tokd: Path, aux=(2, 4, 5), dtype="float32", **vllm):
     from contracts.extract import ExtractVllmParams
+    from contracts.resolved import ResolvedTarget
     from workers.stages.extract.backends import ExtractJob
     from workers.stages.extract.layers import resolve_layers
 
-    target = target_input(model_dir)
-    plan = resolve_layers(target["config"], "eagle3", list(aux))
+    target = ResolvedTarget(**target_input(model_dir))
+    plan = resolve_layers(target.config, "eagle3", list(aux))
     return ExtractJob(tokenized_path=str(tokd), target=target, layers=plan, dtype=dtype,
                       batch_tokens=1024, batch_mode="padded", attn_implementation=None,
                       folder=tmp / "hs", work_dir=tmp, workers=1,

@@ -176,18 +176,21 @@ def test_thinking_on_and_off_prompts(tiny_target, tokenizer, tmp_path):
 
 def test_template_and_kwargs_precedence(tokenizer, templates_dir):
     """params override > target override > the tokenizer's own; kwargs merge, params win."""
+    from contracts.resolved import ResolvedTarget
     from workers.stages.generate.render import PromptRenderer
 
     chatml = (templates_dir / "chatml.jinja").read_text()
-    r = PromptRenderer.for_target(tokenizer, {"chat_template": None,
-                                              "chat_template_kwargs": {"a": 1, "b": 1}},
+    r = PromptRenderer.for_target(tokenizer, ResolvedTarget(path="t", chat_template=None,
+                                                            chat_template_kwargs={"a": 1, "b": 1}),
                                   None, {"b": 2})
     assert r.template == tokenizer.chat_template and r.kwargs == {"a": 1, "b": 2}
-    r = PromptRenderer.for_target(tokenizer, {"chat_template": chatml}, None, {})
+    r = PromptRenderer.for_target(tokenizer, ResolvedTarget(path="t", chat_template=chatml),
+                                  None, {})
     assert r.template == chatml
     assert r.render([{"role": "user", "content": "x"}]).endswith("<|im_start|>assistant\n")
     qwen25 = (templates_dir / "qwen2_5.jinja").read_text()
-    r = PromptRenderer.for_target(tokenizer, {"chat_template": chatml}, qwen25, {})
+    r = PromptRenderer.for_target(tokenizer, ResolvedTarget(path="t", chat_template=chatml),
+                                  qwen25, {})
     assert r.template == qwen25 and r.sha256 == hashlib.sha256(qwen25.encode()).hexdigest()
     assert "You are Qwen" in r.render([{"role": "user", "content": "x"}])
 

@@ -139,6 +139,7 @@ def test_backend_choice_eos_ids_and_gpu_count(tmp_path, monkeypatch):
     import json
     from types import SimpleNamespace
 
+    from contracts.resolved import ResolvedTarget
     from workers.stages.generate.stage import (
         _check_gpus,
         config_context_len,
@@ -153,7 +154,7 @@ def test_backend_choice_eos_ids_and_gpu_count(tmp_path, monkeypatch):
     # EOS ids: generation_config first, then config, then the tokenizer; each once.
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645,
                                                                                  151643]}))
-    target = {"path": str(tmp_path), "config": {"eos_token_id": 151645}}
+    target = ResolvedTarget(path=str(tmp_path), config={"eos_token_id": 151645})
     assert eos_token_ids(target, SimpleNamespace(eos_token_id=7)) == (151645, 151643, 7)
     assert config_context_len({"max_position_embeddings": 4096}) == 4096
     assert config_context_len({"text_config": {"max_position_embeddings": 2048}}) == 2048

@@ -12,6 +12,7 @@ from workers.stages import ingest
 from workers.stages.common import StageContext
 from workers.stages.ingest.formats import detect_one, oasst
 from workers.stages.records import iter_records
+from tests.stages.typed import run_stage
 
 
 def run_ingest(tmp_path: Path, src: Path, name: str | None = None, **params):
@@ -20,7 +21,7 @@ def run_ingest(tmp_path: Path, src: Path, name: str | None = None, **params):
             "events_path": str(tmp_path / "events.jsonl")}
     ctx = StageContext.from_spec(spec)
     try:
-        result = ingest.run(spec, ctx)
+        result = run_stage("ingest", spec, ctx)
     finally:
         ctx.close()
     (art,) = ctx.artifacts

@@ -54,15 +54,19 @@ def test_every_stage_reports_bad_params_in_one_shape(stage, tmp_path):
     assert {x["message"] for x in errors} == {"Extra inputs are not permitted"}
 
 
-@pytest.mark.parametrize("stage, field", [
-    ("ingest", "inputs.source"), ("mix", "inputs.sources"), ("generate", "inputs.dataset"),
-    ("prepare", "inputs.dataset"), ("extract", "inputs.tokenized"), ("train", "inputs.target"),
-    ("evaluate", "inputs.target"),
+@pytest.mark.parametrize("stage, fields", [
+    ("ingest", ["inputs.source"]), ("mix", ["inputs.sources"]),
+    ("generate", ["inputs.dataset", "inputs.target"]),
+    ("prepare", ["inputs.dataset", "inputs.target"]),
+    ("extract", ["inputs.tokenized", "inputs.target"]),
+    ("train", ["inputs.tokenized", "inputs.target"]),
+    ("evaluate", ["inputs.target", "inputs.drafter", "inputs.data"]),
 ])
-def test_every_stage_reports_a_missing_input_in_the_same_shape(stage, field, tmp_path):
+def test_every_stage_reports_a_missing_input_in_the_same_shape(stage, fields, tmp_path):
+    """Every missing input at once, in the inputs model's order (workers/stages/entry.py)."""
     rc, err = _run_stage(tmp_path, stage, GOOD_PARAMS[stage], {})
     assert rc == 2 and err["code"] == "invalid_input", err
-    assert [x["field"] for x in _assert_one_shape(err)] == [field]
+    assert [x["field"] for x in _assert_one_shape(err)] == fields
 
 
 # -- one rule for target layer ids ----------------------------------------------------------
@@ -97,10 +101,10 @@ def tokenized(tmp_path_factory):
 @pytest.mark.parametrize("ids", CASES, ids=str)
 def test_layer_ids_are_accepted_or_refused_alike_everywhere(ids, tokenized, tmp_path):
     from contracts.extract import ExtractParams
-    from contracts.train import DrafterParams, TrainParams
+    from contracts.train import DrafterParams
     from workers.stages.evaluate.drafter import DrafterSpec, check_fit
     from workers.stages.extract.layers import resolve_layers
-    from workers.stages.train.job import resolve_job
+    from tests.stages.typed import train_job
 
     def extract() -> None:
         p = ExtractParams.model_validate({"layer_ids": ids})
@@ -112,7 +116,7 @@ def test_layer_ids_are_accepted_or_refused_alike_everywhere(ids, tokenized, tmp_
         spec = {"inputs": {"target": {"path": str(tmp_path), "config": TARGET},
                            "tokenized": {"path": str(tokenized)}},
                 "out_dir": str(tmp_path / "out"), "work_dir": str(tmp_path / "work")}
-        resolve_job(spec, TrainParams.model_validate(raw), "hf", cuda=False)
+        train_job({**spec, "params": raw}, "hf")
 
     def evaluate() -> None:  # a drafter checkpoint that taps these layers
         check_fit(DrafterSpec(path=tmp_path, kind="dflash", hidden_size=64, vocab_size=32,

@@ -23,13 +23,13 @@ CLEAR_GAP = 1.0  # trained tau must beat untrained tau by at least this
 
 def _train(tmp: Path, train_data, params: dict) -> tuple[dict, dict, dict]:
     """(spec, summary, the drafter artifact) of one train stage run."""
-    from workers.stages.train import run
+    from tests.stages.typed import run_stage
 
     target, tok, hs = train_data
     spec = ts.train_spec(tmp, target, tok, hs, params)
     ctx = StageContext.from_spec(spec)
     try:
-        summary = run(spec, ctx)
+        summary = run_stage("train", spec, ctx)
     finally:
         ctx.close()
     (art,) = ctx.artifacts
@@ -39,7 +39,7 @@ def _train(tmp: Path, train_data, params: dict) -> tuple[dict, dict, dict]:
 def _evaluate(tmp: Path, target: Path, drafter_dir: Path, n: int = 4,
               max_new: int = 24) -> dict:
     """The evaluate stage's report for `drafter_dir` on `n` prompts like the training ones."""
-    from workers.stages.evaluate import run
+    from tests.stages.typed import run_stage
 
     write_dataset(tmp / "heldout", [
         {"id": f"h{i}", "source": f"test:{i}",
@@ -53,7 +53,7 @@ def _evaluate(tmp: Path, target: Path, drafter_dir: Path, n: int = 4,
                    "chat_template_kwargs": {"enable_thinking": False}},
         "out_dir": str(tmp / "eval_out"), "work_dir": str(tmp / "eval_work"),
     }
-    run(spec, StageContext.from_spec(spec))
+    run_stage("evaluate", spec)
     return json.loads((tmp / "eval_out" / "report" / "report.json").read_text())
 
 

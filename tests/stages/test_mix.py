@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from workers.stages import mix
 from workers.stages.common import StageContext, StageError
 from workers.stages.records import DATA_FILE, iter_records
 from tests.stages.records_support import dataset_stats, write_dataset
+from tests.stages.typed import run_stage
 
 from .test_ingest_formats import run_ingest
 
@@ -44,7 +44,7 @@ def run_mix(tmp_path: Path, sources: list[dict], **params):
     spec = {"inputs": {"sources": sources}, "params": params,
             "out_dir": str(tmp_path / "out"), "work_dir": str(tmp_path / "work")}
     ctx = StageContext.from_spec(spec)
-    result = mix.run(spec, ctx)
+    result = run_stage("mix", spec, ctx)
     (art,) = ctx.artifacts
     folder = Path(spec["out_dir"]) / art["path"]
     return result, art["meta"], list(iter_records(folder)), folder

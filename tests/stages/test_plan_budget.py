@@ -4,8 +4,7 @@ meet them first (with force_plan such a run otherwise stops in generate)."""
 from __future__ import annotations
 
 from tests.stages.conftest import target_input
-from workers.stages.common import StageContext
-from workers.stages.plan import run
+from tests.stages.typed import run_stage
 from tests.stages.records_support import write_dataset
 
 
@@ -32,7 +31,7 @@ def _plan(tmp_path, tiny_target, templates_dir, records, stages) -> dict:
                        "target": target_input(tiny_target, chat_template=tmpl)},
             "params": {"run": run_body, "sample": 50}, "out_dir": str(tmp_path / "out"),
             "work_dir": str(tmp_path / "work")}
-    return run(spec, StageContext.from_spec(spec))
+    return run_stage("plan", spec)
 
 
 def test_plan_warns_when_unrenderable_records_exceed_generates_budget(tiny_target,

@@ -9,8 +9,7 @@ import shutil
 
 import pytest
 
-from workers.stages.common import StageContext
-from workers.stages.plan import run
+from tests.stages.typed import run_stage
 from workers.stages.plan_time import DEFAULT_RATES, target_params
 from tests.stages.records_support import write_dataset
 from workers.stages.tinymodel import qwen3_tokenizer_dir
@@ -53,7 +52,7 @@ def _plan(tmp_path, target: dict, run_body: dict, n: int = 400, rates: dict | No
     spec = {"inputs": {"dataset": {"path": str(tmp_path / "ds"), "meta": {}}, "target": target},
             "params": {"run": run_body, "sample": 50, "rates": rates},
             "out_dir": str(tmp_path / "out"), "work_dir": str(tmp_path / "work")}
-    return run(spec, StageContext.from_spec(spec))
+    return run_stage("plan", spec)
 
 
 def test_seeds_plan_states_time_per_stage_and_refuses_the_weightless_target(tmp_path):
@@ -114,12 +113,13 @@ def test_plan_rates_setting_is_a_json_object(monkeypatch):
 def test_prepare_time_is_per_core_times_the_cores_it_gets():
     """prepare's estimate scales with the cores it runs on (the measured per-core rate), not
     one fixed rate for any machine: 2x the cores, half the hours."""
+    from contracts.resolved import ResolvedTarget
     from workers.stages.plan_time import estimate, merge_rates
 
     def hours(params: dict, override: dict | None = None) -> tuple[float, str]:
         rates, _, warn = merge_rates(override)
         assert not warn
-        (st,) = estimate({"prepare": params}, {}, {"config": {}}, 1000, 100.0, 3.3e9, 0, rates)
+        (st,) = estimate({"prepare": params}, {}, ResolvedTarget(path="t"), 1000, 100.0, 3.3e9, 0, rates)
         return st["wall_hours"], st["basis"]
 
     per_core = DEFAULT_RATES["prepare_tokens_per_s_per_core"]

@@ -14,7 +14,8 @@ from tests.stages.prepare_support import A, S, T, U, m, tool_call, write_small_t
 from tests.stages.conftest import target_input
 
 from workers.stages.common import StageContext, StageError
-from workers.stages.prepare import run, template_sha256, tokenize_record
+from workers.stages.prepare import template_sha256, tokenize_record
+from tests.stages.typed import run_stage
 from workers.stages.prepare.masks import load_tokenizer
 from workers.stages.prepare.spans import RecordRejected
 from tests.stages.records_support import write_dataset
@@ -65,7 +66,7 @@ def spec_for(tmp: Path, target: dict, recs: list[dict], meta: dict | None = None
 def run_spec(spec):
     ctx = StageContext.from_spec(spec)
     try:
-        return run(spec, ctx), ctx
+        return run_stage("prepare", spec, ctx), ctx
     finally:
         ctx.close()
 

@@ -21,7 +21,7 @@ import pytest
 from tests.stages.conftest import target_input
 from tests.stages.generate_support import make_spec, read_output, run_stage
 from workers.stages.common import StageContext
-from workers.stages.prepare import run as prepare_run
+from tests.stages.typed import run_stage as run_typed
 from workers.stages.prepare.tokenrows import encode_token_turns
 
 NO_THINK = {"enable_thinking": False}
@@ -67,7 +67,7 @@ def _prepare(tmp: Path, target: Path, ds_folder: Path, ds_meta: dict, **params):
             "events_path": str(tmp / "events.jsonl")}
     ctx = StageContext.from_spec(spec)
     try:
-        summary = prepare_run(spec, ctx)
+        summary = run_typed("prepare", spec, ctx)
     finally:
         ctx.close()
     from datasets import load_from_disk

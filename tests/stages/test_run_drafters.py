@@ -11,10 +11,11 @@ from app.plans.params import name_params
 from app.runs.schemas import RunCreate
 from app.runs.service import check_params
 from contracts.run import RunSpec
-from workers.stages import plan as plan_stage
+from tests.stages.typed import run_stage
 from workers.stages.common import StageContext
 
-TARGET = {"config": {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 8,
+TARGET = {"path": "/no/weights/here",
+          "config": {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 8,
                      "hidden_size": 64, "vocab_size": 151936}}
 THREE = [{"type": "dflash", "name": "b4", "block_size": 4, "num_layers": 1},
          {"type": "dflash", "name": "b8", "block_size": 8, "num_layers": 2},
@@ -136,8 +137,8 @@ def test_names_are_labels_without_dots_and_the_list_is_bounded():
 
 def _plan(run: dict, tmp_path) -> dict:
     ctx = StageContext(events_path=None, out_dir=tmp_path / "out", work_dir=tmp_path / "w")
-    out = plan_stage.run({"params": {"run": run, "free_bytes_override": 1 << 40},
-                          "inputs": {"target": TARGET, "dataset": None}}, ctx)
+    out = run_stage("plan", {"params": {"run": run, "free_bytes_override": 1 << 40},
+                             "inputs": {"target": TARGET, "dataset": None}}, ctx)
     return name_params(out, RunSpec.model_validate(run))
 
 

@@ -8,10 +8,11 @@ import pytest
 from app.core.errors import Invalid
 from app.runs.schemas import RunCreate
 from app.runs.service import check_params
-from workers.stages import plan as plan_stage
+from tests.stages.typed import run_stage
 from workers.stages.common import StageContext
 
-TARGET = {"config": {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 8,
+TARGET = {"path": "/no/weights/here",
+          "config": {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 8,
                      "hidden_size": 64, "vocab_size": 151936}}
 
 
@@ -31,8 +32,8 @@ def _run(**over) -> dict:
 
 def _plan(run: dict, tmp_path) -> dict[str, dict]:
     ctx = StageContext(events_path=None, out_dir=tmp_path / "out", work_dir=tmp_path / "w")
-    out = plan_stage.run({"params": {"run": run, "free_bytes_override": 1 << 40},
-                          "inputs": {"target": TARGET, "dataset": None}}, ctx)
+    out = run_stage("plan", {"params": {"run": run, "free_bytes_override": 1 << 40},
+                             "inputs": {"target": TARGET, "dataset": None}}, ctx)
     return {c["name"]: c for c in out["checks"]}
 
 

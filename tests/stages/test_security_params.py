@@ -222,15 +222,16 @@ def _builder_commands(type_: str, params: dict, tmp: Path, target: Path) -> list
         return [build_serve_command(p.vllm, "/models/t", port=port, served_name="m")]
     if type_ == "extract":
         from contracts.extract import ExtractParams
+        from contracts.resolved import ResolvedTarget
         from tests.stages.conftest import target_input
         from workers.stages.extract.backends import ExtractJob
         from workers.stages.extract.backends.vllm import server_command
         from workers.stages.extract.layers import resolve_layers
 
         p = ExtractParams.model_validate(params)
-        t = target_input(target)
+        t = ResolvedTarget(**target_input(target))
         job = ExtractJob(tokenized_path=str(tmp), target=t, dtype=p.dtype,
-                         layers=resolve_layers(t["config"], "eagle3", [2, 4, 5]),
+                         layers=resolve_layers(t.config, "eagle3", [2, 4, 5]),
                          batch_tokens=p.batch_tokens, batch_mode="padded",
                          attn_implementation=p.attn_implementation, folder=tmp / "hs",
                          work_dir=tmp, workers=1, vllm=p.vllm)

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from contracts.split import SplitParams, held_out_count
-from workers.stages import split
 from workers.stages.common import StageContext, StageError
 from workers.stages.records import iter_records
 from tests.stages.records_support import write_dataset
+from tests.stages.typed import run_stage
 
 
 def _dataset(folder, n: int):
@@ -25,8 +25,9 @@ def _dataset(folder, n: int):
 def _split(tmp_path, src, name: str, **params) -> tuple[dict, dict[str, list[str]], list]:
     ctx = StageContext(events_path=tmp_path / f"{name}.jsonl", out_dir=tmp_path / name / "out",
                        work_dir=tmp_path / name / "work")
-    out = split.run({"inputs": {"dataset": {"path": str(src), "meta": {"format": "sharegpt"}}},
-                     "params": params}, ctx)
+    out = run_stage("split", {"inputs": {"dataset": {"path": str(src),
+                                                     "meta": {"format": "sharegpt"}}},
+                              "params": params}, ctx)
     ids = {a["name"]: [r["id"] for r in iter_records(ctx.out_dir / a["path"])]
            for a in ctx.artifacts}
     return out, ids, ctx.artifacts

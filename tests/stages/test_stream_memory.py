@@ -88,8 +88,7 @@ def test_mix_arrow_memory_is_flat_in_the_records(tmp_path):
     """The same two-source mix at 12K and 48K records per source (3 and 12 output chunks):
     the peak of Arrow memory in use (the readers' batches, the output chunk) does not grow
     with the files."""
-    from workers.stages import mix
-    from workers.stages.common import StageContext
+    from tests.stages.typed import run_stage
 
     peaks = []
     for n in (12_000, 48_000):
@@ -97,7 +96,7 @@ def test_mix_arrow_memory_is_flat_in_the_records(tmp_path):
         srcs = [_dataset(base / f"src{k}", n, seed=10 * n + k, chars=300) for k in range(2)]
         spec = _mix_spec(base, srcs)
         with _PeakArrow() as peak:
-            mix.run(spec, StageContext.from_spec(spec))
+            run_stage("mix", spec)
         peaks.append(peak.peak)
     assert peaks[1] < 1.25 * peaks[0] + 4 * MB, [p / MB for p in peaks]
 

@@ -10,15 +10,14 @@ import pytest
 import torch
 
 from tests.stages import train_support as ts
+from tests.stages.typed import run_stage, train_job
 from workers.stages.common import StageContext
 
 
 def _run(spec: dict) -> tuple[dict, StageContext]:
-    from workers.stages.train import run
-
     ctx = StageContext.from_spec(spec)
     try:
-        return run(spec, ctx), ctx
+        return run_stage("train", spec, ctx), ctx
     finally:
         ctx.close()
 
@@ -26,10 +25,7 @@ def _run(spec: dict) -> tuple[dict, StageContext]:
 def test_dflash_trains_and_saves_a_reloadable_drafter(train_data, tmp_path):
     from speculators.model import SpeculatorModel
 
-    from contracts.train import TrainParams
-    from workers.stages.kernel import parse_params
     from workers.stages.train import build
-    from workers.stages.train.job import resolve_job
 
     target, tok, hs = train_data
     spec = ts.train_spec(tmp_path, target, tok, hs, ts.dflash_params(max_steps=30))
@@ -68,7 +64,7 @@ def test_dflash_trains_and_saves_a_reloadable_drafter(train_data, tmp_path):
     loaded = SpeculatorModel.from_pretrained(str(drafter_dir))
     assert type(loaded).__name__ == "DFlashDraftModel"
     # The same construction the stage starts from (same seed) gives the initial weights.
-    job = resolve_job(spec, parse_params(TrainParams, spec["params"]), "offline", cuda=False)
+    job = train_job(spec, "offline")
     torch.manual_seed(0)
     initial = build.build_model(job)
     trained_sd, initial_sd = loaded.state_dict(), initial.state_dict()
@@ -86,7 +82,6 @@ def test_progress_every_step_with_a_rate_from_the_first(train_data, tmp_path):
     each reported, whatever log_every says; the report before the first step starts the
     rate's clock, so the job shows a rate and an ETA once step 1 is done (a train of
     one-minute steps showed "1/42" and no rate for log_every minutes)."""
-    from workers.stages.train import run
     from workers.supervisor import _Rate
 
     target, tok, hs = train_data
@@ -95,7 +90,7 @@ def test_progress_every_step_with_a_rate_from_the_first(train_data, tmp_path):
     ctx = StageContext.from_spec(spec)
     ctx.min_progress_interval_s = 0.0
     try:
-        run(spec, ctx)
+        run_stage("train", spec, ctx)
     finally:
         ctx.close()
     prog = ts.events(spec, "progress")

@@ -38,14 +38,12 @@ def _target_heads(target: Path) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _job(tmp: Path, target: Path, tok: Path, **params):
-    from contracts.train import TrainParams
-    from workers.stages.kernel import parse_params
-    from workers.stages.train.job import resolve_job
+    from tests.stages.typed import train_job
 
     p = ts.dflash_params(max_steps=2, seq_length=256, **params)
     p["drafter"]["target_layer_ids"] = [1, 2]
     spec = ts.train_spec(tmp, target, tok, None, {**p, "mode": "online"})
-    return spec, resolve_job(spec, parse_params(TrainParams, spec["params"]), "hf", cuda=False)
+    return spec, train_job(spec, "hf")
 
 
 def test_tied_llama_target_safetensors_hold_no_lm_head(llama_targets):
@@ -64,14 +62,14 @@ def test_trained_drafter_head_is_the_tied_embedding_on_the_draft_vocab(llama_tar
     reload rebuilds verifier_lm_head and embed_tokens from the target the same way."""
     from speculators.model import SpeculatorModel
 
-    from workers.stages.train import run
+    from tests.stages.typed import run_stage
 
     target, tok = llama_targets["tied"]
     spec, _ = _job(tmp_path, target, tok, drafter={"type": "dflash", "num_anchors": 16,
                                                    "block_size": 4, "draft_vocab_size": 64})
     ctx = StageContext.from_spec(spec)
     try:
-        summary = run(spec, ctx)
+        summary = run_stage("train", spec, ctx)
     finally:
         ctx.close()
     assert summary["steps"] == 2

@@ -18,7 +18,7 @@ from contracts.train import OnlineParams, TrainParams
 from workers.stages.common import StageError
 from workers.stages.kernel import parse_params as _parse
 from workers.stages.train import build, launch
-from workers.stages.train.job import resolve_job
+from tests.stages.typed import train_job
 
 parse_params = partial(_parse, TrainParams)
 
@@ -107,8 +107,7 @@ def _spec(tmp_path, tok, hs, params, config=CONFIG):
 def _resolve(tmp_path, tok, hs, drafter=None, source="offline", config=CONFIG, **params):
     d = {"type": "dflash", "mask_token_id": 3, "draft_vocab_size": 16, **(drafter or {})}
     raw = {"drafter": d, **params}
-    return resolve_job(_spec(tmp_path, tok, hs, raw, config), parse_params(raw), source,
-                       cuda=False)
+    return train_job(_spec(tmp_path, tok, hs, raw, config), source)
 
 
 def test_offline_layers_default_to_the_hidden_states_and_may_be_a_subset(tmp_path, inputs):

@@ -108,14 +108,14 @@ def test_resumed_run_equals_an_uninterrupted_one(train_data, tmp_path, sig):
     """Weights, optimizer, schedulers, RNG (DFlash anchors) and data position all resume:
     a killed-and-retried run ends with exactly the weights of an uninterrupted one. After
     SIGKILL the retry repeats the steps since the last cadence checkpoint."""
+    from tests.stages.typed import run_stage
     from workers.stages.common import StageContext
-    from workers.stages.train import run
 
     target, tok, hs = train_data
     params = ts.dflash_params(max_steps=24, checkpoint_every=8, log_every=1)
     whole = ts.train_spec(tmp_path, target, tok, hs, params, name="whole")
     ctx = StageContext.from_spec(whole)
-    run(whole, ctx)
+    run_stage("train", whole, ctx)
     ctx.close()
 
     spec = ts.train_spec(tmp_path, target, tok, hs, params, name="cut")

@@ -7,22 +7,21 @@ from __future__ import annotations
 
 import argparse
 import errno
-import importlib
 import signal
 import sys
 import traceback
 
 from pydantic import ValidationError
 
-from contracts.jobtypes import JOB_TYPES, STREAMING_STAGES
+from contracts.jobtypes import STREAMING_STAGES
 from contracts.spec import StageSpec
 from procgroup import watch_parent
-from workers.stages.common import StageContext, StageError, check_roots, read_spec
+from workers.stages.common import StageContext, StageError, read_spec
+from workers.stages.entry import STAGES, call
 from workers.stages.memory import lean_allocators
 from workers.stages.threads import apply_stage_threads
 
-# Every job type, and `plan` (the API's dry run of a run's body, never a job).
-STAGES = (*JOB_TYPES, "plan")
+__all__ = ["STAGES", "main"]
 
 
 def _sigterm(signum, frame):
@@ -58,10 +57,8 @@ def main(argv: list[str] | None = None, watch: bool = True) -> int:
         lean_allocators(args.type)  # before the stage imports pyarrow
     apply_stage_threads()  # before the stage's first forward (workers/stages/threads.py)
     ctx = StageContext.from_spec(spec)
-    mod = importlib.import_module(f"workers.stages.{args.type}")
     try:
-        check_roots(spec)
-        result = mod.run(spec, ctx) or {}
+        result = call(args.type, spec, ctx)  # typed params and inputs (workers/stages/entry.py)
         ctx.emit("result", result)
         return 0
     except StageError as e:

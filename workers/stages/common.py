@@ -1,7 +1,9 @@
 """The contract between a stage and whoever runs it (the supervisor, a test, a shell).
 
-A stage is `run(spec: dict, ctx: StageContext) -> dict` in `workers/stages/<type>.py` (or a
-package of that name). It reads only the paths in its spec and writes only under
+A stage is `run(params, inputs, ctx: StageContext) -> dict` in `workers/stages/<type>.py` (or a
+package of that name), called by the entry point (workers/stages/entry.py) with its params
+and resolved inputs typed (contracts/jobtypes.py, contracts/resolved.py). It reads only the
+paths in its spec and writes only under
 `spec["out_dir"]` (artifacts, renamed into place by the supervisor on success) and
 `spec["work_dir"]` (state that survives a retry, on the shared folder so that a retry on
 another node finds it: checkpoints, finished shards). `spec["scratch_dir"]` (with TMPDIR) is
@@ -58,6 +60,10 @@ class StageContext:
     _last_progress: float = field(default=0.0, repr=False)
     _fh: Any = field(default=None, repr=False)
     artifacts: list[dict] = field(default_factory=list)
+    # The job this attempt runs (None: a stage run alone), and the server limits it holds its
+    # inputs to (contracts/spec.StageSpec `limits`).
+    job_id: str | None = None
+    limits: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_spec(cls, spec: dict) -> "StageContext":
@@ -66,7 +72,8 @@ class StageContext:
         out_dir.mkdir(parents=True, exist_ok=True)
         work_dir.mkdir(parents=True, exist_ok=True)
         ev = spec.get("events_path")
-        return cls(events_path=Path(ev) if ev else None, out_dir=out_dir, work_dir=work_dir)
+        return cls(events_path=Path(ev) if ev else None, out_dir=out_dir, work_dir=work_dir,
+                   job_id=spec.get("job_id"), limits=dict(spec.get("limits") or {}))
 
     def emit(self, kind: str, data: dict) -> None:
         if self.events_path is None:
@@ -145,15 +152,17 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     atomic_write(path, write, fsync=True)
 
 
-def check_roots(spec: dict) -> None:
-    """Defence in depth: the API checked every path a client named; the
-    stage checks the paths in its spec again against the roots the spec carries
-    (`{"roots": {"data": [...], "model": [...], "artifacts": [...]}}`, written by the worker),
-    so a path that slipped past the API (or a spec edited on disk) is still not opened. A spec
-    without `roots` is one an operator wrote to run a stage alone from a shell."""
-    roots = spec.get("roots")
+def check_roots(inputs: Any, roots: dict[str, list[str]] | None) -> None:
+    """Defence in depth: the API checked every path a client named; the stage entry point
+    (workers/stages/entry.py) checks the paths of the typed inputs again against the roots
+    the spec carries (`{"data": [...], "model": [...], "artifacts": [...]}`, written by the
+    worker), so a path that slipped past the API (or a spec edited on disk) is still not
+    opened. A spec without `roots` is one an operator wrote to run a stage alone from a
+    shell."""
     if roots is None:
         return
+    from contracts.inputs import SourceFile
+    from contracts.resolved import ResolvedArtifact, ResolvedTarget
     from contracts.roots import within_roots
 
     def check(raw: Any, which: tuple[str, ...], where: str) -> None:
@@ -164,18 +173,17 @@ def check_roots(spec: dict) -> None:
             raise StageError("path_not_allowed", f"{where}: the path is outside the folders "
                              "this server may read", {"param": where})
 
-    for name, value in (spec.get("inputs") or {}).items():
+    for name in type(inputs).model_fields:
+        value = getattr(inputs, name)
         for i, v in enumerate(value if isinstance(value, list) else [value]):
-            if not isinstance(v, dict):
-                continue
             where = f"inputs.{name}" + (f".{i}" if isinstance(value, list) else "")
-            if spec.get("type") == "ingest":
-                check(v.get("path"), ("data",), where + ".path")
-            elif v.get("kind") == "target":
-                check(v.get("path"), ("model",), where + ".path")
-                check(v.get("tokenizer_path"), ("model",), where + ".tokenizer_path")
-            else:
-                check(v.get("path"), ("artifacts",), where + ".path")
+            if isinstance(v, SourceFile):
+                check(v.path, ("data",), where + ".path")
+            elif isinstance(v, ResolvedTarget):
+                check(v.path, ("model",), where + ".path")
+                check(v.tokenizer_path, ("model",), where + ".tokenizer_path")
+            elif isinstance(v, ResolvedArtifact):
+                check(v.path, ("artifacts",), where + ".path")
 
 
 def read_spec(path: str | Path) -> dict:

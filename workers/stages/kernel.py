@@ -1,12 +1,13 @@
 """What every stage does the same way, in one place (docs/MAP.md, "Job types and stage specs").
 
-- `parse_params` / `parse_input`: a spec's params or one input, validated by its pydantic
-  model; a failure is one `StageError` shape for every stage:
+- `parse_model` / `parse_params`: a spec's params or inputs, validated by their pydantic
+  model (the stage entry point, workers/stages/entry.py, does it once for every stage); a
+  failure is one `StageError` shape:
       code     invalid_params (params) | invalid_input (inputs)
       message  "params.<field>: <msg>; params.<field>: <msg>"  (every problem, in order)
       details  {"errors": [{"field": "params.<field>", "message": "<msg>"}, ...]}
   `field` is the whole path as the spec spells it, as the API's 422 names it (`param`).
-- `require_input`: an input the stage cannot run without, in the same shape;
+- `input_error`: an input the stage cannot use, in the same shape;
   `target_config`: the resolved target's config (stored, else its config.json).
 - `ShardSet`: the scratch folder of a stage that resumes after a kill: finished pieces
   under their final names, each written to a dot-prefixed temp name and renamed, a
@@ -29,6 +30,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from contracts.resolved import ResolvedTarget
+
 from workers.stages.common import StageContext, StageError, atomic_write, write_json_atomic
 
 M = TypeVar("M", bound=BaseModel)
@@ -45,21 +48,18 @@ def validation_error(e: ValidationError, where: str, code: str) -> StageError:
                       {"errors": errors})
 
 
-def parse_params(model: type[M], raw: Any) -> M:
-    """`spec["params"]` validated by the stage's model (the one in contracts/ the API
-    validated with too); a missing or null params is `{}` (every default)."""
-    try:
-        return model.model_validate(raw or {})
-    except ValidationError as e:
-        raise validation_error(e, "params", "invalid_params") from None
-
-
-def parse_input(model: type[M], raw: Any, where: str) -> M:
-    """One input validated by its model; `where` names it ("inputs.source")."""
+def parse_model(model: type[M], raw: Any, where: str, code: str) -> M:
+    """`raw` validated by `model`; `where` names it as the spec does ("params", "inputs")."""
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        raise validation_error(e, where, "invalid_input") from None
+        raise validation_error(e, where, code) from None
+
+
+def parse_params(model: type[M], raw: Any) -> M:
+    """`spec["params"]` validated by the stage's model (the one in contracts/ the API
+    validated with too); a missing or null params is `{}` (every default)."""
+    return parse_model(model, raw or {}, "params", "invalid_params")
 
 
 def input_error(field: str, message: str, **details: Any) -> StageError:
@@ -68,27 +68,12 @@ def input_error(field: str, message: str, **details: Any) -> StageError:
                       {"errors": [{"field": field, "message": message}], **details})
 
 
-def require_input(spec: dict, name: str, keys: tuple[str, ...] = ("path",),
-                  what: str | None = None) -> dict:
-    """`spec["inputs"][name]`, which must be an object with a non-empty value at each of
-    `keys`; `what` says what it should be, for the message ("a tokenized set")."""
-    val = (spec.get("inputs") or {}).get(name)
-    hint = f" ({what})" if what else ""
-    if not isinstance(val, dict):
-        raise input_error(f"inputs.{name}", "is required" + hint)
-    for k in keys:
-        if val.get(k) in (None, "", [], {}):
-            raise input_error(f"inputs.{name}.{k}", "is required" + hint)
-    return val
-
-
-def target_config(target: dict) -> dict:
+def target_config(target: ResolvedTarget) -> dict:
     """The resolved target's whole config: as the API stored it, else its config.json (a
     spec written by hand). `contracts.target.text_config` reads the language model's part."""
-    cfg = target.get("config")
-    if cfg:
-        return cfg
-    path = Path(target["path"]) / "config.json"
+    if target.config:
+        return target.config
+    path = Path(target.path) / "config.json"
     if not path.is_file():
         raise input_error("inputs.target.config", f"missing, and {path} does not exist")
     return json.loads(path.read_text())

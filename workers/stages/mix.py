@@ -42,11 +42,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field
-
 from contracts.mix import MixParams
+from contracts.resolved import MixResolved, ResolvedDataset
 from workers.stages.common import StageContext
-from workers.stages.kernel import input_error, parse_input, parse_params, publish
+from workers.stages.kernel import input_error, publish
 from workers.stages.ingest.stats import DatasetStats
 from workers.stages.records import DATA_FILE, SCHEMA, DatasetWriter, open_parquet
 
@@ -56,31 +55,14 @@ BATCH_ROWS = 8192  # output row groups
 READ_ROWS = 2048
 
 
-class MixSource(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # resolved inputs may carry the artifact meta
-
-    path: str = Field(min_length=1)
-    dataset_id: str | None = None
-    name: str | None = None
-    weight: float | None = Field(None, ge=0.0, allow_inf_nan=False)
-    max_records: int | None = Field(None, ge=0)
-
-
-def _validate(spec: dict) -> tuple[MixParams, list[MixSource]]:
-    params = parse_params(MixParams, spec.get("params"))
-    raw = (spec.get("inputs") or {}).get("sources")
-    if not isinstance(raw, list) or not raw:
-        raise input_error("inputs.sources", "must be a non-empty list")
-    sources = []
-    for i, s in enumerate(raw):
-        sources.append(parse_input(MixSource, s, f"inputs.sources.{i}"))
-        if not (Path(sources[-1].path) / DATA_FILE).is_file():
-            raise input_error(f"inputs.sources.{i}.path", f"no dataset at {sources[-1].path} "
+def _check(sources: list[ResolvedDataset]) -> None:
+    for i, s in enumerate(sources):
+        if not (Path(s.path) / DATA_FILE).is_file():
+            raise input_error(f"inputs.sources.{i}.path", f"no dataset at {s.path} "
                               f"(missing {DATA_FILE})")
-    return params, sources
 
 
-def _prefixes(sources: list[MixSource]) -> list[str]:
+def _prefixes(sources: list[ResolvedDataset]) -> list[str]:
     out: list[str] = []
     for i, s in enumerate(sources):
         p = (s.name or s.dataset_id or f"source{i}").replace("/", "_")
@@ -195,8 +177,9 @@ class _Stream:
         return out
 
 
-def run(spec: dict, ctx: StageContext) -> dict:
-    params, sources = _validate(spec)
+def run(params: MixParams, inputs: MixResolved, ctx: StageContext) -> dict:
+    sources = inputs.sources
+    _check(sources)
     t0 = time.monotonic()
     paths = [Path(s.path) for s in sources]
     prefixes = _prefixes(sources)

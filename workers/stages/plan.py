@@ -5,9 +5,8 @@ sequences longer than `seq_length`, hidden states that will not fit on disk, lay
 target does not have, a thinking mode that differs between generate, prepare and evaluate,
 and drafter params that do not fit the target.
 
-Spec: inputs {"dataset": {"path", "meta"} | null, "target": {resolved target}},
-params {"run": <the POST /v1/runs body>, "sample": 200, "disk_path": str,
-"free_bytes_override": int | null}. Returns {"ok", "checks", "estimates", "warnings",
+Spec: inputs and params as contracts/resolved.py `PlanInputs` and `PlanParams` (the run's
+body, the records to sample, where hidden states would go). Returns {"ok", "checks", "estimates", "warnings",
 "failures"}; the API answers it as the plan.
 """
 
@@ -23,6 +22,7 @@ from pydantic import ValidationError
 
 from contracts.drafters import DEFAULT_DRAFTER
 from contracts.jobtypes import JOB_TYPES
+from contracts.resolved import PlanInputs, PlanParams, ResolvedArtifact, ResolvedTarget
 from contracts.run import RunSpec, RunSpecError
 from contracts.target import text_value
 from workers.stages.common import StageContext, StageError
@@ -104,11 +104,11 @@ def _thinking(plan: Plan, chain: dict[str, dict]) -> None:
                " (a mismatch is the best-known cause of collapsed acceptance)")
 
 
-def _layers_and_drafter(plan: Plan, chain: dict[str, dict], target: dict,
+def _layers_and_drafter(plan: Plan, chain: dict[str, dict], target: ResolvedTarget,
                         parsed: dict) -> dict[str, Any]:
     """Each drafter's layers and fit to the target (one check each; `<name>` after the check's
     name for one of several drafters); answers the layers each extract stores, by key."""
-    cfg = target.get("config") or {}
+    cfg = target.config
     vocab = text_value(cfg, "vocab_size")
     for key in (k for k in chain if stage(k) == "train"):
         drafter = chain[key].get("drafter") or {}
@@ -136,7 +136,7 @@ def _layers_and_drafter(plan: Plan, chain: dict[str, dict], target: dict,
     return stored
 
 
-def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, dict],
+def _records(plan: Plan, dataset: ResolvedArtifact | None, target: ResolvedTarget, chain: dict[str, dict],
              parsed: dict, sample: int, ctx: StageContext) -> list[int]:
     if dataset is None:
         plan.warnings.append("the dataset is still being ingested: record checks skipped")
@@ -157,7 +157,7 @@ def _records(plan: Plan, dataset: dict | None, target: dict, chain: dict[str, di
     trained: list[list[int]] = []  # loss-masked token ids of records with their own answers
     reasons: Counter[str] = Counter()
     n = 0
-    for rec in itertools.islice(iter_records(dataset["path"]), sample):
+    for rec in itertools.islice(iter_records(dataset.path), sample):
         n += 1
         if regen:
             msgs = list(rec["messages"])
@@ -248,11 +248,11 @@ def _budget_warning(plan: Plan, parsed: dict, bad: int, n: int, fix: str | None)
         return  # later stages never see the records the first one dropped
 
 
-def _disk(plan: Plan, lengths: list[int], dataset: dict | None, stored: dict[str, Any],
+def _disk(plan: Plan, lengths: list[int], dataset: ResolvedArtifact | None, stored: dict[str, Any],
           parsed: dict, disk_path: str, free_override: int | None) -> dict[str, int]:
     """Records, tokens and the disk every extract's hidden states need together; answers
     each extract's bytes by key."""
-    total = count_records(dataset["path"]) if dataset else 0
+    total = count_records(dataset.path) if dataset else 0
     tokens = int(np.mean(lengths) * total) if lengths else 0
     plan.estimates["records"] = total
     plan.estimates["tokens"] = tokens
@@ -277,19 +277,16 @@ def _disk(plan: Plan, lengths: list[int], dataset: dict | None, stored: dict[str
     return each
 
 
-def run(spec: dict, ctx: StageContext) -> dict:
-    p = spec.get("params") or {}
-    run_body = p.get("run") or {}
-    target = spec["inputs"]["target"]
-    dataset = spec["inputs"].get("dataset")
+def run(p: PlanParams, inputs: PlanInputs, ctx: StageContext) -> dict:
+    target, dataset = inputs.target, inputs.dataset
     plan = Plan()
-    chain = _expand(plan, run_body)
+    chain = _expand(plan, p.run)
     parsed = _params(plan, chain)
     _thinking(plan, chain)
     stored = _layers_and_drafter(plan, chain, target, parsed)
-    lengths = _records(plan, dataset, target, chain, parsed, int(p.get("sample", 200)), ctx)
-    hidden = _disk(plan, lengths, dataset, stored, parsed,
-                   p.get("disk_path") or str(ctx.out_dir), p.get("free_bytes_override"))
+    lengths = _records(plan, dataset, target, chain, parsed, p.sample, ctx)
+    hidden = _disk(plan, lengths, dataset, stored, parsed, p.disk_path or str(ctx.out_dir),
+                   p.free_bytes_override)
     for key in (k for k in parsed if stage(k) == "train"):  # one per drafter
         training = estimate_training({**parsed, "train": parsed[key]}, lengths,
                                      plan.estimates.get("records", 0), plan.warnings)
@@ -298,12 +295,11 @@ def run(spec: dict, ctx: StageContext) -> dict:
     ok, message = weights_check(chain, target)
     plan.check("target_weights", ok, message)
     return {"ok": plan.ok, "checks": plan.checks, "estimates": plan.estimates,
-            "time_estimates": _time(plan, chain, parsed, target, lengths, p.get("rates"),
-                                    hidden),
+            "time_estimates": _time(plan, chain, parsed, target, lengths, p.rates, hidden),
             "warnings": plan.warnings, "failures": plan.failures}
 
 
-def _time(plan: Plan, chain: dict[str, dict], parsed: dict, target: dict, lengths: list[int],
+def _time(plan: Plan, chain: dict[str, dict], parsed: dict, target: ResolvedTarget, lengths: list[int],
           override: dict | None, hidden: dict[str, int]) -> dict:
     """Per stage GPU-hours, wall and disk (workers/stages/plan_time.py), with the rates used."""
     rates, from_deployment, warnings = merge_rates(override)

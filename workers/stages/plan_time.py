@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from contracts.jobtypes import NEEDS_TARGET_WEIGHTS
+from contracts.resolved import ResolvedTarget
 from contracts.target import has_weights, text_config
 from workers.stages.prepare import usable_cores  # what prepare's own pool defaults to
 
@@ -98,7 +99,7 @@ def _gpus(params: dict, rates: dict) -> int:
     return int(params.get("gpus") or rates["default_gpus"] or 1)
 
 
-def estimate(chain: dict[str, dict], jobs_gpus: dict[str, int], target: dict,
+def estimate(chain: dict[str, dict], jobs_gpus: dict[str, int], target: ResolvedTarget,
              records: int, prompt_tokens: float, total_tokens: float,
              hidden_bytes: int | dict[str, int], rates: dict) -> list[dict]:
     """One entry per job of the run, `chain` keyed as the run keys its jobs (contracts/run.py:
@@ -106,7 +107,7 @@ def estimate(chain: dict[str, dict], jobs_gpus: dict[str, int], target: dict,
     gpu_hours, wall_hours, disk_bytes, tokens, basis}. `prompt_tokens`: mean prompt tokens
     per record; `total_tokens`: tokens prepare will write (answers included);
     `hidden_bytes`: what each extract stores (by key; an int: the one extract's)."""
-    cfg = target.get("config") or {}
+    cfg = target.config
     p_target = max(1, target_params(cfg))
     peak = float(rates["gpu_peak_tflops"]) * 1e12
     out: list[dict] = []
@@ -168,13 +169,13 @@ def estimate(chain: dict[str, dict], jobs_gpus: dict[str, int], target: dict,
     return out
 
 
-def weights_check(chain: dict[str, dict], target: dict) -> tuple[bool, str]:
+def weights_check(chain: dict[str, dict], target: ResolvedTarget) -> tuple[bool, str]:
     """A config-only target (no weight files) can only be prepared for."""
     stages = {key.partition(":")[0] for key in chain}  # keys: `train`, `train:<drafter>`
     need = [s for s in NEEDS_TARGET_WEIGHTS if s in stages]
-    if not need or has_weights(target.get("path")):
+    if not need or has_weights(target.path):
         return True, "the target has weights" if need else "no stage needs the target's weights"
-    return False, (f"the target {target.get('id') or target.get('path')} has no weights "
+    return False, (f"the target {target.id or target.path} has no weights "
                    f"(config and tokenizer only), and {', '.join(need)} run(s) the target; "
                    "register the model directory with its weights to run them (the plan's "
                    "estimates still hold)")

@@ -12,6 +12,8 @@ import shutil
 import sys
 import time
 
+from contracts.probe import ProbeParams
+from contracts.resolved import ProbeResolved
 from workers.stages.common import StageContext, StageError
 
 
@@ -27,10 +29,8 @@ def _torch_facts() -> dict:
             if torch.cuda.is_available() else []}
 
 
-def run(spec: dict, ctx: StageContext) -> dict:
-    p = spec.get("params") or {}
-    sleep_s = float(p.get("sleep_s", 0) or 0)
-    steps = max(1, int(p.get("steps", 10) or 10))
+def run(p: ProbeParams, inputs: ProbeResolved, ctx: StageContext) -> dict:
+    sleep_s, steps = p.sleep_s, p.steps
     facts: dict = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -40,7 +40,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "cpu_count": os.cpu_count(),
         "disk_free_bytes": shutil.disk_usage(ctx.out_dir).free,
     }
-    if p.get("import_torch", True) is False:
+    if not p.import_torch:
         facts["torch"] = "not imported (params.import_torch=false)"
     else:
         facts.update(_torch_facts())
@@ -50,6 +50,6 @@ def run(spec: dict, ctx: StageContext) -> dict:
             time.sleep(sleep_s / steps)
         ctx.progress(i + 1, steps, "steps", stage="probe", force=True)
         ctx.metric(i + 1, tick=float(i + 1))
-    if p.get("fail"):
+    if p.fail:
         raise StageError("probe_failed", "the probe was asked to fail (params.fail=true)")
     return facts

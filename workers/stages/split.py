@@ -1,6 +1,6 @@
 """Stage `split`: one dataset artifact -> `train` and `held_out` dataset artifacts.
 
-    inputs = {"dataset": {"path": <dataset dir>, "meta": {...}}}
+    inputs = {"dataset": <resolved dataset artifact>}   (contracts/resolved.py)
     params = {"seed": 0, "share": 0.02, "min_records": 32, "max_records": 500}
 
 A run without an evaluation dataset starts with this stage (contracts/run.py), so generate,
@@ -20,10 +20,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from contracts.resolved import SplitResolved
 from contracts.split import SplitParams, held_out_count
 from workers.stages.common import StageContext, StageError
 from workers.stages.ingest.stats import DatasetStats
-from workers.stages.kernel import input_error, parse_params, publish, require_input
+from workers.stages.kernel import input_error, publish
 from workers.stages.records import DATA_FILE, SCHEMA, DatasetWriter, open_parquet
 
 
@@ -36,10 +37,9 @@ def held_out_mask(records: int, p: SplitParams) -> np.ndarray:
     return mask
 
 
-def run(spec: dict, ctx: StageContext) -> dict:
+def run(p: SplitParams, inputs: SplitResolved, ctx: StageContext) -> dict:
     t0 = time.monotonic()
-    p = parse_params(SplitParams, spec.get("params"))
-    src = Path(require_input(spec, "dataset", what="a dataset")["path"])
+    src = Path(inputs.dataset.path)
     if not (src / DATA_FILE).is_file():
         raise input_error("inputs.dataset.path", f"no dataset at {src} (missing {DATA_FILE})")
     pf = open_parquet(src / DATA_FILE)
@@ -68,7 +68,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
         for w in writers.values():
             w.close()
     counts = {k: w.count for k, w in writers.items()}
-    src_meta = (spec["inputs"]["dataset"].get("meta") or {})
+    src_meta = inputs.dataset.meta
     for name, (folder, stats) in parts.items():
         publish(ctx, folder, name, "dataset", {
             "format": src_meta.get("format", "split"), "num_records": counts[name],

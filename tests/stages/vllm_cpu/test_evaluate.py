@@ -60,7 +60,7 @@ TAU_TOLERANCE = 0.05
 
 
 def _train(vllm_train_data, tmp_path: Path, kind: str) -> tuple[Path, dict]:
-    from workers.stages.train import run
+    from tests.stages.typed import run_stage
 
     target, tok, hs = vllm_train_data
     options = DRAFTERS[kind].options.model_fields
@@ -69,7 +69,7 @@ def _train(vllm_train_data, tmp_path: Path, kind: str) -> tuple[Path, dict]:
     spec = ts.train_spec(tmp_path, target, tok, hs, params, name=f"train_{kind}")
     ctx = StageContext.from_spec(spec)
     try:
-        run(spec, ctx)
+        run_stage("train", spec, ctx)
     finally:
         ctx.close()
     (art,) = ctx.artifacts
@@ -131,7 +131,7 @@ def plain_vllm(vllm_train_data, tmp_path_factory) -> dict:
 
 def _draftyard_tau(target: Path, drafter: Path, meta: dict, tmp_path: Path) -> float:
     """draftyard's greedy tau on the same prompts, from the evaluate stage (transformers)."""
-    from workers.stages.evaluate import run
+    from tests.stages.typed import run_stage
 
     spec = {"inputs": {"target": target_input(target),
                        "drafter": {"path": str(drafter), "meta": meta},
@@ -144,7 +144,7 @@ def _draftyard_tau(target: Path, drafter: Path, meta: dict, tmp_path: Path) -> f
             "events_path": str(tmp_path / "eval" / "events.jsonl")}
     ctx = StageContext.from_spec(spec)
     try:
-        return float(run(spec, ctx)["tau"])
+        return float(run_stage("evaluate", spec, ctx)["tau"])
     finally:
         ctx.close()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from contracts.resolved import ResolvedTarget
 from tests.stages.conftest import target_input
 from tests.stages.test_extract_hf import run_stage
 from tests.stages.train_support import LAYER_IDS
@@ -96,7 +97,7 @@ def test_vllm_cpu_hidden_states_connector_fails_as_the_refusal_says(vllm_train_d
     cfg = spec["inputs"]["target"]["config"]
     work = Path(spec["work_dir"])
     job = ExtractJob(tokenized_path=spec["inputs"]["tokenized"]["path"],
-                     target=spec["inputs"]["target"],
+                     target=ResolvedTarget(**spec["inputs"]["target"]),
                      layers=LayerPlan(tuple(LAYER_IDS), cfg["num_hidden_layers"],
                                       cfg["hidden_size"]),
                      dtype="float32", batch_tokens=8192, batch_mode="vllm",

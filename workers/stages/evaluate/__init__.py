@@ -24,29 +24,29 @@ import time
 from pathlib import Path
 
 from contracts.evaluate import EvalParams
+from contracts.resolved import EvaluateResolved, ResolvedArtifact
 from workers.stages.common import StageContext, StageError, template_sha256
 from workers.stages.evaluate.drafter import check_fit, read_drafter
 from workers.stages.evaluate.params import template_mismatch
 from workers.stages.evaluate.verdict import verdict
-from workers.stages.kernel import input_error, parse_params, require_input
+from workers.stages.kernel import input_error, target_config
 
 __all__ = ["run"]
 
 
-def run(spec: dict, ctx: StageContext) -> dict:
+def run(p: EvalParams, inputs: EvaluateResolved, ctx: StageContext) -> dict:
     t_start = time.monotonic()
-    p = parse_params(EvalParams, spec.get("params"))
-    target = require_input(spec, "target", ("path", "config"))
-    data = require_input(spec, "data", ("path", "kind"))
-    if data["kind"] not in ("tokenized", "dataset"):
+    target, data = inputs.target, inputs.data
+    if data.kind not in ("tokenized", "dataset"):
         raise input_error("inputs.data.kind", f"must be 'tokenized' or 'dataset', "
-                          f"got {data['kind']!r}")
-    drafter_spec = read_drafter(require_input(spec, "drafter")["path"])
-    check_fit(drafter_spec, target["config"])
-    base_in = (spec.get("inputs") or {}).get("baseline_drafter")
-    base_spec = read_drafter(require_input(spec, "baseline_drafter")["path"]) if base_in else None
+                          f"got {data.kind!r}")
+    config = target_config(target)
+    drafter_spec = read_drafter(inputs.drafter.path)
+    check_fit(drafter_spec, config)
+    base = inputs.baseline_drafter
+    base_spec = read_drafter(base.path) if base is not None else None
     if base_spec is not None:
-        check_fit(base_spec, target["config"], label="baseline drafter")
+        check_fit(base_spec, config, label="baseline drafter")
     if "vllm" in p.measures:
         from workers.stages.evaluate.vllm_metrics import vllm_available
 
@@ -56,13 +56,12 @@ def run(spec: dict, ctx: StageContext) -> dict:
 
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(target.get("tokenizer_path") or target["path"],
-                                        local_files_only=True)
-    template = p.chat_template or target.get("chat_template") or (
+    tok = AutoTokenizer.from_pretrained(target.tokenizer, local_files_only=True)
+    template = p.chat_template or target.chat_template or (
         tok.chat_template if isinstance(tok.chat_template, str) else None)
-    kwargs = {**(target.get("chat_template_kwargs") or {}), **p.chat_template_kwargs}
+    kwargs = {**target.chat_template_kwargs, **p.chat_template_kwargs}
     sha = template_sha256(template) if template else None
-    why = template_mismatch(data.get("meta") or {}, kwargs, sha)
+    why = template_mismatch(data.meta, kwargs, sha)
     if why and not p.allow_template_mismatch:
         raise StageError("template_mismatch", f"held-out data was made with another chat "
                          f"template or thinking mode than this evaluation: {why} (set "
@@ -76,8 +75,8 @@ def run(spec: dict, ctx: StageContext) -> dict:
     prompts, rows = ev.load_data(data, template, kwargs)
     report = ev.measure(prompts, rows, Path(ctx.work_dir))
     report.update({
-        "target": {"path": str(target["path"])},
-        "data": {"path": str(data["path"]), "kind": data["kind"], "prompts": len(prompts),
+        "target": {"path": target.path},
+        "data": {"path": data.path, "kind": data.kind, "prompts": len(prompts),
                  "rows": len(rows) if rows is not None else None},
         "params": p.model_dump(),
         "chat_template_sha256": sha,
@@ -108,9 +107,9 @@ def run(spec: dict, ctx: StageContext) -> dict:
     return summary
 
 
-def evaluated_on(which: str | None, data: dict) -> str | None:
+def evaluated_on(which: str | None, data: ResolvedArtifact) -> str | None:
     """What the measures ran on, in the words the report and the verdict use."""
-    meta = data.get("meta") or {}
+    meta = data.meta
     if which == "held_out":
         n = (meta.get("split") or {}).get("held_out", meta.get("num_records"))
         return f"held out: {n} records never trained on"
@@ -120,8 +119,7 @@ def evaluated_on(which: str | None, data: dict) -> str | None:
         n = meta.get("num_records")
         # A dataset given by name or id resolves with its name (app/jobs/inputs.py): people
         # know their data by name, the artifact id only finds it.
-        what = (f"{data['name']}, {data.get('dataset_id')}" if data.get("name")
-                else data.get("id") or data["path"])
+        what = (f"{data.name}, {data.dataset_id}" if data.name else data.id or data.path)
         return f"on the evaluation data given ({what}" + (
             f", {n} records)" if n is not None else ")")
     return None

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.evaluate import EvalParams
+from contracts.resolved import ResolvedArtifact, ResolvedTarget
 from workers.stages.common import StageContext, StageError
 from workers.stages.evaluate.data import (
     Row,
@@ -36,7 +37,7 @@ from workers.stages.evaluate.verdict import diagnostics, draft_vocab_coverage
 
 
 class Evaluation:
-    def __init__(self, p: EvalParams, target: dict, tokenizer: Any, drafter: DrafterSpec,
+    def __init__(self, p: EvalParams, target: ResolvedTarget, tokenizer: Any, drafter: DrafterSpec,
                  baseline: DrafterSpec | None, ctx: StageContext):
         self.p = p
         self.target = target
@@ -50,30 +51,30 @@ class Evaluation:
         self.sources: list[str] = []
 
     # -- data ---------------------------------------------------------------------------
-    def load_data(self, data: dict, template: str | None,
+    def load_data(self, data: ResolvedArtifact, template: str | None,
                   kwargs: dict) -> tuple[list[list[int]], list[Row] | None]:
         p = self.p
-        if data["kind"] == "tokenized":
-            rows = load_tokenized_rows(data["path"], limit=max(p.tau_sim_rows, p.num_prompts),
+        if data.kind == "tokenized":
+            rows = load_tokenized_rows(data.path, limit=max(p.tau_sim_rows, p.num_prompts),
                                        seed=p.seed)
             prompts = prompts_from_rows(rows)[:p.num_prompts]
             rows = rows[:p.tau_sim_rows]
         else:
-            prompts, failed = prompts_from_dataset(data["path"], self.tok, template, kwargs,
+            prompts, failed = prompts_from_dataset(data.path, self.tok, template, kwargs,
                                                    p.num_prompts, p.seed, self.sources)
             if failed:
                 self.ctx.warning(f"{failed} held-out records could not be rendered as prompts "
                                  f"and were skipped", count=failed)
             rows = None  # tau_sim then runs on the target's greedy answers to these prompts
         if not prompts and ({"specdec", "vllm"} & set(p.measures) or rows is None):
-            raise StageError("invalid_input", f"no usable prompts in {data['path']}")
+            raise StageError("invalid_input", f"no usable prompts in {data.path}")
         if rows is not None and not rows and "tau_sim" in p.measures:
-            raise StageError("invalid_input", f"no tokenized rows in {data['path']}")
+            raise StageError("invalid_input", f"no tokenized rows in {data.path}")
         return prompts, rows
 
     # -- models -------------------------------------------------------------------------
     def _load(self) -> None:
-        path = self.target["path"]
+        path = self.target.path
         device, dtype = device_and_dtype()
         self.device = device
         self.model = load_target(path, device, dtype)
@@ -171,7 +172,7 @@ class Evaluation:
 
             self._progress(0, len(prompts), "prompts", "vLLM")
             report["vllm"] = measure_with_vllm(
-                str(self.target["path"]), str(self.drafter.path), self.drafter.kind,
+                self.target.path, str(self.drafter.path), self.drafter.kind,
                 self.proposer.num_spec, prompts, self.p.max_new_tokens, work_dir,
                 port=self.p.vllm_port, options=self.p.vllm)
             self._progress(len(prompts), len(prompts), "prompts", "vLLM")

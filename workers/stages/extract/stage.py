@@ -14,23 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from contracts.extract import ExtractParams
+from contracts.resolved import ExtractResolved, ResolvedArtifact, ResolvedTarget
 from workers.stages.common import StageContext, StageError
 from workers.stages.extract.backends import ExtractJob, get_backend
 from workers.stages.extract.layers import LayerPlan, is_hybrid, resolve_layers
 from workers.stages.extract.planner import check_disk, estimate_hidden_state_bytes
 from workers.stages.extract.writer import folder_bytes, samples, scan_finished, write_sample
-from workers.stages.kernel import parse_params, publish, require_input, target_config
+from workers.stages.kernel import publish, target_config
 
 # Bumped when the files written for the same inputs and params change; a scratch folder of
 # another version is not resumed.
 EXTRACT_VERSION = 1
 ARTIFACT_DIR = "hidden_states"
-
-
-def _inputs(spec: dict) -> tuple[dict, dict, dict]:
-    tok = require_input(spec, "tokenized", what="a tokenized set")
-    target = require_input(spec, "target", what="a resolved target")
-    return tok, target, target_config(target)
 
 
 def _seq_lens(tokenized_path: str, max_samples: int | None) -> list[int]:
@@ -79,11 +74,12 @@ def _choose_backend(p: ExtractParams) -> str:
     return p.backend
 
 
-def _fingerprint(tok: dict, target: dict, plan: LayerPlan, dtype: str) -> dict[str, Any]:
+def _fingerprint(tok: ResolvedArtifact, target: ResolvedTarget, plan: LayerPlan,
+                 dtype: str) -> dict[str, Any]:
     """What the files in the scratch folder depend on; a retry with another value starts
     over instead of mixing files of two configurations."""
-    return {"stage_version": EXTRACT_VERSION, "tokenized_path": str(tok["path"]),
-            "tokenized_meta": tok.get("meta") or {}, "target_path": str(target["path"]),
+    return {"stage_version": EXTRACT_VERSION, "tokenized_path": tok.path,
+            "tokenized_meta": tok.meta, "target_path": target.path,
             "stored_layer_ids": list(plan.stored), "hidden_size": plan.hidden_size,
             "dtype": dtype}
 
@@ -95,11 +91,11 @@ def _same_device(a: Path, b: Path) -> bool:
         return True
 
 
-def run(spec: dict, ctx: StageContext) -> dict:
-    p = parse_params(ExtractParams, spec.get("params"))
-    tok, target, config = _inputs(spec)
+def run(p: ExtractParams, inputs: ExtractResolved, ctx: StageContext) -> dict:
+    tok, target = inputs.tokenized, inputs.target
+    config = target_config(target)
     plan = resolve_layers(config, p.drafter_type, p.layer_ids)
-    lens = _seq_lens(str(tok["path"]), p.max_samples)
+    lens = _seq_lens(tok.path, p.max_samples)
     lengths = dict(enumerate(lens))
     shards = samples(ctx.work_dir / ARTIFACT_DIR)
     folder = shards.folder
@@ -165,7 +161,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "num_target_layers": plan.num_target_layers, "hidden_size": plan.hidden_size,
         "dtype": p.dtype, "drafter_type": p.drafter_type, "num_samples": len(lens),
         "num_tokens": total_tokens, "bytes": data_bytes, "theoretical_min_bytes": theoretical,
-        "target_path": str(target["path"]), "tokenized_artifact": str(tok["path"]),
+        "target_path": target.path, "tokenized_artifact": tok.path,
         "file_pattern": "hs_{idx}.safetensors", "backend": backend, "batch_mode": batch_mode,
     }
     # On another filesystem publishing copies (its space was checked above).
@@ -179,7 +175,8 @@ def run(spec: dict, ctx: StageContext) -> dict:
             "batch_mode": batch_mode, "layer_ids": list(plan.aux)}
 
 
-def _extract(p: ExtractParams, backend: str, batch_mode: str, tok: dict, target: dict,
+def _extract(p: ExtractParams, backend: str, batch_mode: str, tok: ResolvedArtifact,
+             target: ResolvedTarget,
              plan: LayerPlan, folder: Path, ctx: StageContext, todo: list[tuple[int, int]],
              done0: int, tokens0: int, total: int, total_tokens: int) -> dict:
     # Empty rows need no forward (and a padded row of only padding has no defined output).
@@ -202,7 +199,7 @@ def _extract(p: ExtractParams, backend: str, batch_mode: str, tok: dict, target:
         import torch
 
         workers = max(1, torch.cuda.device_count()) if backend == "hf" else 1
-    job = ExtractJob(tokenized_path=str(tok["path"]), target=target, layers=plan,
+    job = ExtractJob(tokenized_path=tok.path, target=target, layers=plan,
                      dtype=p.dtype, batch_tokens=p.batch_tokens, batch_mode=batch_mode,
                      attn_implementation=p.attn_implementation, folder=folder,
                      work_dir=ctx.work_dir, workers=workers, vllm=p.vllm)

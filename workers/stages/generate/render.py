@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.resolved import ResolvedTarget
 from workers.stages.common import template_sha256
 
 THINK_OPEN = "<think>"
@@ -39,14 +40,14 @@ class PromptRenderer:
     kwargs: dict
 
     @classmethod
-    def for_target(cls, tokenizer: Any, target: dict, override: str | None,
+    def for_target(cls, tokenizer: Any, target: ResolvedTarget, override: str | None,
                    kwargs: dict) -> "PromptRenderer":
         """Template precedence: stage param override > the target's override > the tokenizer's."""
-        chosen = override if override is not None else target.get("chat_template")
+        chosen = override if override is not None else target.chat_template
         # get_chat_template resolves a named-template dict to its text, and raises when the
         # tokenizer has none: we want the text itself for the sha and to pass it explicitly.
         text = tokenizer.get_chat_template(chosen)
-        merged = {**(target.get("chat_template_kwargs") or {}), **(kwargs or {})}
+        merged = {**target.chat_template_kwargs, **(kwargs or {})}
         return cls(tokenizer=tokenizer, template=text, kwargs=merged)
 
     @property

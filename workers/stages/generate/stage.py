@@ -1,6 +1,6 @@
 """The `generate` stage: dataset + target -> dataset whose assistant turns are the target's.
 
-    inputs  {"dataset": {"path", "meta"}, "target": {resolved target}}
+    inputs  {"dataset": <dataset artifact>, "target": <resolved target>} (contracts/resolved.py)
     params  contracts/generate.py
     output  artifact "dataset" (kind dataset): data.parquet (records.py layout, same ids and
             sources, system/user/tool turns kept, answered assistant turns replaced, the
@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from contracts.generate import GenerateParams
+from contracts.resolved import GenerateResolved, ResolvedArtifact, ResolvedTarget
 from contracts.target import text_value
 from workers.stages.common import StageContext, StageError
 from workers.stages.failures import FailureLog
@@ -34,7 +35,7 @@ from workers.stages.generate.shards import (
     assemble,
     fingerprint_of,
 )
-from workers.stages.kernel import input_error, parse_params, publish, require_input
+from workers.stages.kernel import input_error, publish
 from workers.stages.records import DATA_FILE, TOKEN_IDS_FILE, iter_records
 
 ARTIFACT = "dataset"
@@ -56,17 +57,15 @@ def resolve_backend(choice: str) -> str:
     return "vllm" if torch.cuda.is_available() and vllm_installed() else "hf"
 
 
-def _inputs(spec: dict) -> tuple[dict, dict]:
-    ds = require_input(spec, "dataset")
-    if not (Path(ds["path"]) / DATA_FILE).is_file():
-        raise input_error("inputs.dataset.path", f"no {DATA_FILE} in {ds['path']}")
-    return ds, require_input(spec, "target")
+def _check_dataset(ds: ResolvedArtifact) -> None:
+    if not (Path(ds.path) / DATA_FILE).is_file():
+        raise input_error("inputs.dataset.path", f"no {DATA_FILE} in {ds.path}")
 
 
-def _load_renderer(target: dict, p: GenerateParams) -> PromptRenderer:
+def _load_renderer(target: ResolvedTarget, p: GenerateParams) -> PromptRenderer:
     from transformers import AutoTokenizer
 
-    tok_path = target.get("tokenizer_path") or target["path"]
+    tok_path = target.tokenizer
     try:
         tok = AutoTokenizer.from_pretrained(tok_path, local_files_only=True)
     except (OSError, ValueError) as e:
@@ -77,17 +76,17 @@ def _load_renderer(target: dict, p: GenerateParams) -> PromptRenderer:
         raise StageError("invalid_target", f"no chat template: {e}") from e
 
 
-def eos_token_ids(target: dict, tokenizer) -> tuple[int, ...]:
+def eos_token_ids(target: ResolvedTarget, tokenizer) -> tuple[int, ...]:
     """The tokenizer's EOS plus the model's generation_config eos ids (Qwen3 lists both
     <|im_end|> and <|endoftext|>), so both backends stop on the same tokens."""
     ids: list[int] = []
-    gen_cfg = Path(target["path"]) / "generation_config.json"
+    gen_cfg = Path(target.path) / "generation_config.json"
     sources = []
     if gen_cfg.is_file():
         import json
 
         sources.append(json.loads(gen_cfg.read_text()).get("eos_token_id"))
-    sources += [(target.get("config") or {}).get("eos_token_id"), tokenizer.eos_token_id]
+    sources += [target.config.get("eos_token_id"), tokenizer.eos_token_id]
     for s in sources:
         for i in (s if isinstance(s, list) else [s]):
             if isinstance(i, int) and i not in ids:
@@ -120,34 +119,34 @@ def _check_gpus(p: GenerateParams) -> None:
                          f"{len(visible.split(','))} ({visible})")
 
 
-def make_backend(name: str, target: dict, renderer: PromptRenderer, sampling: SamplingConfig,
+def make_backend(name: str, target: ResolvedTarget, renderer: PromptRenderer, sampling: SamplingConfig,
                  p: GenerateParams, work_dir: Path) -> GenerateBackend:
     if name == "hf":
         from workers.stages.generate.backends.hf import HFBackend
 
-        return HFBackend(target["path"], renderer.tokenizer, sampling, p.batch_size)
+        return HFBackend(target.path, renderer.tokenizer, sampling, p.batch_size)
     from workers.stages.generate.backends.vllm import VllmBackend
 
     _check_gpus(p)
-    return VllmBackend(target["path"], target.get("tokenizer_path"), sampling, p.vllm, work_dir,
-                       context_len=config_context_len(target.get("config")))
+    return VllmBackend(target.path, target.tokenizer_path, sampling, p.vllm, work_dir,
+                       context_len=config_context_len(target.config))
 
 
-def run(spec: dict, ctx: StageContext) -> dict:
+def run(p: GenerateParams, inputs: GenerateResolved, ctx: StageContext) -> dict:
     t_start = time.monotonic()
-    p = parse_params(GenerateParams, spec.get("params"))
-    ds, target = _inputs(spec)
+    ds, target = inputs.dataset, inputs.target
+    _check_dataset(ds)
     renderer = _load_renderer(target, p)
     backend_name = resolve_backend(p.backend)
     sampling = SamplingConfig(temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens,
                               seed=p.seed, stop=tuple(p.stop),
                               eos_token_ids=eos_token_ids(target, renderer.tokenizer))
-    input_ids = _input_ids(ds["path"])
+    input_ids = _input_ids(ds.path)
     total = len(input_ids)
 
     store = ShardStore(ctx.work_dir / "generate")
     fingerprint = fingerprint_of({
-        "version": OUTPUT_VERSION, "dataset": ds["path"], "target": target["path"],
+        "version": OUTPUT_VERSION, "dataset": ds.path, "target": target.path,
         "template": renderer.sha256, "kwargs": renderer.kwargs, "backend": backend_name,
         "params": p.model_dump(exclude={"max_failure_share": True, "shard_records": True,
                                         "vllm": {"concurrency", "port", "startup_timeout_s",
@@ -168,7 +167,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
         try:
             window = p.shard_records or (8 * p.vllm.concurrency if backend_name == "vllm"
                                          else 4 * p.batch_size)
-            todo = ((i, r) for i, r in enumerate(iter_records(ds["path"]))
+            todo = ((i, r) for i, r in enumerate(iter_records(ds.path))
                     if r["id"] not in done)
             Runner(backend, renderer, p, store, ctx, state,
                    backend.context_len, failures).run(todo, window)
@@ -200,7 +199,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
             "tokens_per_s": meta["stats"]["tokens_per_s"], "resumed_records": resumed}
 
 
-def _meta(p: GenerateParams, ds: dict, target: dict, renderer: PromptRenderer,
+def _meta(p: GenerateParams, ds: ResolvedArtifact, target: ResolvedTarget, renderer: PromptRenderer,
           backend_name: str, out, state: RunState, resumed: int, t_start: float) -> dict:
     turns = out.turns_generated
     return {
@@ -208,7 +207,7 @@ def _meta(p: GenerateParams, ds: dict, target: dict, renderer: PromptRenderer,
         "num_failed": out.num_failed,
         "failed_by_reason": out.failed_by_reason,
         "generation": {
-            "target_path": target["path"],
+            "target_path": target.path,
             "backend": backend_name,
             "chat_template_sha256": renderer.sha256,
             "chat_template_file": TEMPLATE_FILE,
@@ -223,7 +222,7 @@ def _meta(p: GenerateParams, ds: dict, target: dict, renderer: PromptRenderer,
         },
         "tokens_generated": out.tokens_generated,
         "files": {"data": DATA_FILE, "token_ids": TOKEN_IDS_FILE, "failures": FAILURES_FILE},
-        "input": {"path": ds["path"], "num_records": out.num_records + out.num_failed},
+        "input": {"path": ds.path, "num_records": out.num_records + out.num_failed},
         "stats": {
             "prompt_tokens": out.prompt_tokens,
             "turns_generated": turns,

@@ -41,7 +41,7 @@ import orjson
 import pyarrow as pa
 
 from contracts.ingest import IngestParams
-from contracts.inputs import SourceFile
+from contracts.resolved import IngestResolved
 from workers.stages.common import StageContext, StageError
 from workers.stages.ingest import fast
 from workers.stages.ingest.formats import FORMATS, NORMALIZERS, detect_one, shape_hint
@@ -49,7 +49,7 @@ from workers.stages.ingest.messages import NoMatch, Reject
 from workers.stages.ingest.oasst_flat import FlatTrees
 from workers.stages.ingest.readers import Bad, ReaderError, Source
 from workers.stages.ingest.writer import ThreadedWriter
-from workers.stages.kernel import parse_input, parse_params, publish
+from workers.stages.kernel import publish
 
 __all__ = ["run", "FORMATS"]
 
@@ -63,11 +63,6 @@ BLOCK_BYTES = 64 << 20  # JSON text (or Parquet batch) the fast path takes at on
 # an 800K-record ingest 35-50 MB higher than the per-line path's, and the main thread
 # slower (measured on the scale bench's Evol-CodeAlpaca and OpenOrca files).
 FAST_ROWS = 1024
-
-def _validate(spec: dict) -> tuple[IngestParams, SourceFile]:
-    return (parse_params(IngestParams, spec.get("params")),
-            parse_input(SourceFile, (spec.get("inputs") or {}).get("source"), "inputs.source"))
-
 
 class _Rejects:
     """Writes every reject to rejects.jsonl; keeps a sample and reason counts for the meta."""
@@ -123,16 +118,15 @@ def _detect(head: list, objs_out: list) -> tuple[str | None, Counter]:
     return (seen.most_common(1)[0][0] if seen else None), seen
 
 
-def run(spec: dict, ctx: StageContext) -> dict:
-    params, src = _validate(spec)
+def run(params: IngestParams, inputs: IngestResolved, ctx: StageContext) -> dict:
+    src = inputs.source
     path = Path(src.path)
     name = params.dataset_name or src.name or path.name.split(".")[0] or "dataset"
     out = Path(ctx.out_dir) / "dataset"
     out.mkdir(parents=True, exist_ok=True)
     t0, cpu0 = time.monotonic(), time.process_time()
     try:
-        source = Source(path, max_inflated_bytes=(spec.get("limits") or {}).get(
-            "max_decompressed_bytes"))
+        source = Source(path, max_inflated_bytes=ctx.limits.get("max_decompressed_bytes"))
     except ReaderError as e:
         raise StageError(e.code, str(e)) from None
     ctx.progress(0, source.total, source.unit, stage="ingest", force=True)

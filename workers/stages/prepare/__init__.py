@@ -1,8 +1,7 @@
 """Stage `prepare`: dataset + target (tokenizer, chat template) -> tokenized set.
 
-    inputs  dataset: {"path", "meta"}        a dataset artifact (records.py layout)
-            target:  resolved target          {"path", "tokenizer_path", "chat_template",
-                                               "chat_template_kwargs", "config"}
+    inputs  dataset: a dataset artifact (records.py layout)  contracts/resolved.py
+            target:  the resolved target (tokenizer, chat template, config)
     params  PrepareParams (contracts/prepare.py)
     output  artifact "tokenized" (kind `tokenized`), layout in writer.py
 
@@ -25,15 +24,18 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from contracts.prepare import PrepareParams
+from contracts.resolved import PrepareResolved, ResolvedArtifact, ResolvedTarget
 from workers.stages.common import StageContext, StageError
 from workers.stages.failures import FailureLog
-from workers.stages.kernel import input_error, parse_params, publish, require_input
+from workers.stages.kernel import input_error, publish
 from workers.stages.prepare.masks import (
     Masker,
     build_masker,
@@ -77,22 +79,22 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def resolve_setup(target: dict, params: PrepareParams):
+def resolve_setup(target: ResolvedTarget, params: PrepareParams):
     """(tokenizer, template text, effective kwargs) for a target and params; fails the job
     on a template that does not compile."""
-    tok_path = target.get("tokenizer_path") or target.get("path")
-    if not tok_path or not Path(tok_path).is_dir():
+    tok_path = target.tokenizer
+    if not Path(tok_path).is_dir():
         raise input_error("inputs.target.tokenizer_path", f"is not a folder: {tok_path}")
     try:
         tokenizer = load_tokenizer(tok_path)
     except (OSError, ValueError) as e:
         raise input_error("inputs.target.tokenizer_path",
                           f"cannot load the tokenizer at {tok_path}: {e}") from None
-    text = resolve_template_text(tokenizer, params.chat_template or target.get("chat_template"))
+    text = resolve_template_text(tokenizer, params.chat_template or target.chat_template)
     err = check_template(text)
     if err is not None:
         raise StageError("template_error", err)
-    kwargs = {**(target.get("chat_template_kwargs") or {}), **params.chat_template_kwargs}
+    kwargs = {**target.chat_template_kwargs, **params.chat_template_kwargs}
     return tokenizer, str(tok_path), text, kwargs
 
 
@@ -121,11 +123,11 @@ def _check_generation_meta(meta: dict, sha: str, kwargs: dict, params: PreparePa
     return False
 
 
-def _token_index(dataset: dict, same_setup: bool, params: PrepareParams) -> TokenIndex | None:
+def _token_index(dataset: ResolvedArtifact, same_setup: bool, params: PrepareParams
+                 ) -> TokenIndex | None:
     """The generated turns' token ids, when rows are to be built from them."""
-    meta = dataset.get("meta") or {}
-    name = (meta.get("files") or {}).get("token_ids") or TOKEN_IDS_FILE
-    path = Path(dataset["path"]) / name
+    name = (dataset.meta.get("files") or {}).get("token_ids") or TOKEN_IDS_FILE
+    path = Path(dataset.path) / name
     if not (params.use_token_ids and same_setup and path.is_file()):
         return None
     try:
@@ -154,28 +156,96 @@ def _chunks(folder: str, per_task: int, limit: int | None, tokens: TokenIndex | 
             return
 
 
-def run(spec: dict, ctx: StageContext) -> dict:
-    t_start = time.perf_counter()
-    params = parse_params(PrepareParams, spec.get("params"))
-    dataset = require_input(spec, "dataset")
-    target = require_input(spec, "target", keys=())
-    if not (Path(dataset["path"]) / "data.parquet").is_file():
-        raise input_error("inputs.dataset.path", f"no data.parquet in {dataset['path']}")
+@dataclass
+class _Setup:
+    """What every record is rendered and masked with (resolved once, before the pool)."""
+    tokenizer: Any
+    tok_path: str
+    sha: str
+    kwargs: dict
+    tokens: TokenIndex | None
+    now: datetime
+    cfg: MaskerConfig
+    masker: Masker
 
+
+def _setup(params: PrepareParams, inputs: PrepareResolved, ctx: StageContext) -> _Setup:
+    dataset, target = inputs.dataset, inputs.target
+    if not (Path(dataset.path) / "data.parquet").is_file():
+        raise input_error("inputs.dataset.path", f"no data.parquet in {dataset.path}")
     tokenizer, tok_path, text, kwargs = resolve_setup(target, params)
     sha = template_sha256(text)
-    same_setup = _check_generation_meta(dataset.get("meta") or {}, sha, kwargs, params, ctx)
+    same_setup = _check_generation_meta(dataset.meta, sha, kwargs, params, ctx)
     tokens = _token_index(dataset, same_setup, params)
-
     now = datetime.now(timezone.utc).replace(microsecond=0)
-    eos_ids = generation_eos_ids(target.get("path"))
+    eos_ids = generation_eos_ids(target.path)
     cfg = MaskerConfig(tok_path, text, kwargs, params.train_on, now.isoformat(), eos_ids,
                        params.mask_method, params.seq_length, params.length_policy,
                        params.min_valid_tokens)
     masker = cfg.build(tokenizer)
     adopt_masker(cfg, masker)
+    return _Setup(tokenizer, tok_path, sha, kwargs, tokens, now, cfg, masker)
 
-    total = count_records(dataset["path"])
+
+@dataclass
+class _Tally:
+    """The chunks' results as they come back from the pool: rows to the writer, rejects to
+    their log, token counts, lengths and the stats of the meta."""
+    writer: TokenizedWriter
+    rejects: FailureLog
+    counter: TokenCounter
+    total: int
+    ctx: StageContext
+    template_errors: Counter = field(default_factory=Counter)
+    lengths: list[np.ndarray] = field(default_factory=list)
+    agg: dict[str, int] = field(default_factory=lambda: {
+        "done": 0, "masked": 0, "truncated": 0, **dict.fromkeys(STAT_KEYS, 0)})
+
+    def add(self, res: ChunkResult) -> None:
+        self.writer.write(res.batch())
+        for rid, src, reason, detail in res.rejects:
+            self.rejects.add(rid, reason, detail, src)
+            if reason == "template_error":
+                self.template_errors[detail] += 1
+        self.counter.add(res.freq_ids, res.freq_counts)
+        self.lengths.append(res.lengths)
+        agg = self.agg
+        agg["done"] += res.n_records
+        agg["masked"] += int(res.freq_counts.sum())
+        agg["truncated"] += res.truncated
+        for k, v in res.stats.items():
+            agg[k] += v
+        self.ctx.progress(agg["done"], self.total, "records", stage="prepare")
+
+
+def _check_rejects(tally: _Tally, params: PrepareParams) -> dict:
+    """The rejects' summary; fails the job on no rows or more rejects than its budget."""
+    rejects, writer, done = tally.rejects, tally.writer, tally.agg["done"]
+    n_rej = rejects.count
+    # by records: a record of generated turns may give several rows
+    share = n_rej / max(1, done)
+    summary_rej = {"num_rejected": n_rej, "rejected_by_reason": dict(rejects.by_reason),
+                   "rejected_sample": rejects.sample[:5]}
+    details = {**summary_rej, **rejects.summary()}
+    if writer.num_rows == 0:
+        writer.abort()
+        raise StageError("empty_output", f"no record could be prepared ({n_rej} rejected: "
+                         f"{dict(rejects.by_reason)})", details=details)
+    if share > params.max_reject_share:
+        writer.abort()
+        raise StageError("too_many_rejects",
+                         f"{n_rej} of {done} records rejected ({share:.0%} > "
+                         f"max_reject_share {params.max_reject_share:.0%}): "
+                         f"{dict(rejects.by_reason)}; first: " +
+                         ", ".join(f"{f['id']} ({f['reason']})" for f in rejects.sample[:5]),
+                         details=details)
+    return summary_rej
+
+
+def run(params: PrepareParams, inputs: PrepareResolved, ctx: StageContext) -> dict:
+    t_start = time.perf_counter()
+    setup = _setup(params, inputs, ctx)
+    total = count_records(inputs.dataset.path)
     if params.max_samples is not None:
         total = min(total, params.max_samples)
     workers = max(1, min(params.num_workers or usable_cores(),
@@ -185,80 +255,58 @@ def run(spec: dict, ctx: StageContext) -> dict:
     if folder.exists():  # a retried job starts from a clean folder
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    writer = TokenizedWriter(folder)
-    # In the job folder, so the list outlives a job that stops on its reject budget.
-    rejects = FailureLog(Path(ctx.work_dir) / REJECTS_FILE)
-    template_errors: Counter = Counter()
-    counter = TokenCounter(max(len(tokenizer), target_vocab_size(target.get("config"), 0)))
-    lengths: list[np.ndarray] = []
-    agg = {"done": 0, "masked": 0, "truncated": 0, **dict.fromkeys(STAT_KEYS, 0)}
-
-    def on_result(res: ChunkResult) -> None:
-        writer.write(res.batch())
-        for rid, src, reason, detail in res.rejects:
-            rejects.add(rid, reason, detail, src)
-            if reason == "template_error":
-                template_errors[detail] += 1
-        counter.add(res.freq_ids, res.freq_counts)
-        lengths.append(res.lengths)
-        agg["done"] += res.n_records
-        agg["masked"] += int(res.freq_counts.sum())
-        agg["truncated"] += res.truncated
-        for k, v in res.stats.items():
-            agg[k] += v
-        ctx.progress(agg["done"], total, "records", stage="prepare")
-
+    vocab = max(len(setup.tokenizer), target_vocab_size(inputs.target.config or None, 0))
+    # The rejects in the job folder, so the list outlives a job that stops on its budget.
+    tally = _Tally(TokenizedWriter(folder), FailureLog(Path(ctx.work_dir) / REJECTS_FILE),
+                   TokenCounter(vocab), total, ctx)
     ctx.progress(0, total, "records", stage="prepare", force=True)
     t_work = time.perf_counter()
     try:
-        run_chunks(cfg, _chunks(dataset["path"], params.records_per_task, params.max_samples,
-                                tokens), workers, on_result)
+        run_chunks(setup.cfg, _chunks(inputs.dataset.path, params.records_per_task,
+                                      params.max_samples, setup.tokens), workers, tally.add)
     except BaseException:
-        writer.abort()
+        tally.writer.abort()
         raise
     finally:
-        rejects.close()
-
-    n_rej, n_rows = rejects.count, writer.num_rows
-    # by records: a record of generated turns may give several rows
-    share = n_rej / max(1, agg["done"])
-    summary_rej = {"num_rejected": n_rej, "rejected_by_reason": dict(rejects.by_reason),
-                   "rejected_sample": rejects.sample[:5]}
-    details = {**summary_rej, **rejects.summary()}
-    if n_rows == 0:
-        writer.abort()
-        raise StageError("empty_output", f"no record could be prepared ({n_rej} rejected: "
-                         f"{dict(rejects.by_reason)})", details=details)
-    if share > params.max_reject_share:
-        writer.abort()
-        raise StageError("too_many_rejects",
-                         f"{n_rej} of {agg['done']} records rejected ({share:.0%} > "
-                         f"max_reject_share {params.max_reject_share:.0%}): "
-                         f"{dict(rejects.by_reason)}; first: " +
-                         ", ".join(f"{f['id']} ({f['reason']})" for f in rejects.sample[:5]),
-                         details=details)
+        tally.rejects.close()
+    summary_rej = _check_rejects(tally, params)
     t_write = time.perf_counter()
-    writer.finish()
-    rejects.copy_to(folder)
+    tally.writer.finish()
+    tally.rejects.copy_to(folder)
 
-    freq = counter.as_dict()
+    freq = tally.counter.as_dict()
     save_token_freq(folder / "token_freq.pt", freq)
     vocab_files = {}
     if params.draft_vocab_size:
-        vsize = target_vocab_size(target.get("config"), len(tokenizer))
+        vsize = target_vocab_size(inputs.target.config or None, len(setup.tokenizer))
         d2t, t2d = save_vocab_mapping(folder, freq, params.draft_vocab_size, vsize)
         vocab_files = {"d2t": d2t.name, "t2d": t2d.name, "target_vocab_size": vsize}
+    timings = {"setup": round(t_work - t_start, 3), "tokenize": round(t_write - t_work, 3),
+               "write": round(time.perf_counter() - t_write, 3)}
+    meta = _meta(params, inputs, setup, tally, summary_rej, vocab_files, workers, timings)
+    publish(ctx, folder, ARTIFACT, "tokenized", meta, meta_file="prepare_meta.json")
+    if tally.agg["turns_without_end_token"]:
+        ctx.warning(f"{tally.agg['turns_without_end_token']} trained turns have no end-of-turn "
+                    "token in the rendering (the template emits none there); they train "
+                    "without one")
+    return {**{k: meta[k] for k in ("num_rows", "num_tokens", "num_masked_tokens",
+                                    "num_rejected", "rejected_by_reason", "self_check_failures",
+                                    "num_truncated", "mask_method")},
+            "failed_sample": tally.rejects.sample[:5]}
 
-    t_end = time.perf_counter()
-    lens = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
-    meta = {
-        "num_rows": n_rows,
-        "num_records_kept": agg["done"] - n_rej,  # rows come from these records
+
+def _meta(params: PrepareParams, inputs: PrepareResolved, setup: _Setup, tally: _Tally,
+          summary_rej: dict, vocab_files: dict, workers: int, timings: dict) -> dict:
+    agg, rejects, tokens = tally.agg, tally.rejects, setup.tokens
+    lens = np.concatenate(tally.lengths) if tally.lengths else np.zeros(0, dtype=np.int64)
+    return {
+        "num_rows": tally.writer.num_rows,
+        "num_records_kept": agg["done"] - rejects.count,  # rows come from these records
         "num_tokens": int(lens.sum()),
         "num_masked_tokens": agg["masked"],
         **summary_rej,
         "rejected_sample": rejects.sample,
-        "template_errors": dict(sorted(template_errors.items(),
+        "template_errors": dict(sorted(tally.template_errors.items(),
                                        key=lambda kv: -kv[1])[:20]),
         "self_check_failures": rejects.by_reason.get("self_check_failed", 0),
         "self_check_failure_rate": rejects.by_reason.get("self_check_failed", 0)
@@ -268,9 +316,9 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "length_policy": params.length_policy,
         "min_valid_tokens": params.min_valid_tokens,
         "train_on": params.train_on,
-        "mask_method": masker.method,
-        "generation_header": masker.header,
-        "end_tokens": masker.end_tokens,
+        "mask_method": setup.masker.method,
+        "generation_header": setup.masker.header,
+        "end_tokens": setup.masker.end_tokens,
         "turns_without_end_token": agg["turns_without_end_token"],
         "turns_skipped_empty": agg["turns_skipped_empty"],
         "boundary_splits": agg["boundary_splits"],
@@ -281,23 +329,14 @@ def run(spec: dict, ctx: StageContext) -> dict:
         "token_ids": {"used": tokens is not None,
                       "records": len(tokens) if tokens is not None else 0,
                       "turns": tokens.num_turns if tokens is not None else 0},
-        "chat_template_sha256": sha,
-        "chat_template_kwargs": kwargs,
-        "render_time": now.isoformat(),
-        "tokenizer_path": tok_path,
+        "chat_template_sha256": setup.sha,
+        "chat_template_kwargs": setup.kwargs,
+        "render_time": setup.now.isoformat(),
+        "tokenizer_path": setup.tok_path,
         "length_percentiles": length_percentiles(lens),
         "token_freq": "token_freq.pt",
         "draft_vocab": vocab_files or None,
-        "dataset_path": dataset["path"],
+        "dataset_path": inputs.dataset.path,
         "num_workers": workers,
-        "timings_s": {"setup": round(t_work - t_start, 3), "tokenize": round(t_write - t_work, 3),
-                      "write": round(t_end - t_write, 3)},
+        "timings_s": timings,
     }
-    publish(ctx, folder, ARTIFACT, "tokenized", meta, meta_file="prepare_meta.json")
-    if agg["turns_without_end_token"]:
-        ctx.warning(f"{agg['turns_without_end_token']} trained turns have no end-of-turn token "
-                    "in the rendering (the template emits none there); they train without one")
-    return {**{k: meta[k] for k in ("num_rows", "num_tokens", "num_masked_tokens",
-                                    "num_rejected", "rejected_by_reason", "self_check_failures",
-                                    "num_truncated", "mask_method")},
-            "failed_sample": rejects.sample[:5]}

@@ -27,10 +27,10 @@ from contextlib import AbstractContextManager, nullcontext
 from importlib.util import find_spec
 from pathlib import Path
 
+from contracts.resolved import TrainResolved
 from contracts.train import TrainParams
 from procgroup import free_port
 from workers.stages.common import StageContext, StageError
-from workers.stages.kernel import parse_params
 
 __all__ = ["run", "TrainParams"]
 
@@ -54,8 +54,7 @@ def _source(p: TrainParams, n_gpus: int, warn) -> str:
     return "hf"
 
 
-def run(spec: dict, ctx: StageContext) -> dict:
-    p = parse_params(TrainParams, spec.get("params"))
+def run(p: TrainParams, inputs: TrainResolved, ctx: StageContext) -> dict:
     import torch
 
     from workers.stages.train import build, launch, loop
@@ -64,7 +63,7 @@ def run(spec: dict, ctx: StageContext) -> dict:
 
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     source = _source(p, n_gpus, ctx.warning)
-    job = resolve_job(spec, p, source, cuda=n_gpus > 0, warn=ctx.warning)
+    job = resolve_job(p, inputs, ctx, source, cuda=n_gpus > 0, warn=ctx.warning)
     plan = launch.plan_devices(n_gpus, p.nproc, source, p.online.vllm_gpus)
     if plan.nproc == 1 and p.distributed == "fsdp":
         ctx.warning("distributed=fsdp with one process: training without sharding")

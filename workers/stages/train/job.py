@@ -1,6 +1,6 @@
-"""Resolve a train spec into a `TrainJob`: checked inputs and every derived choice (layer
-ids, draft vocabulary, mask token, attention) fixed once in the stage process, so all
-torchrun ranks and every retry train the same thing.
+"""Resolve a train stage's params and typed inputs into a `TrainJob`: checked inputs and
+every derived choice (layer ids, draft vocabulary, mask token, attention) fixed once in the
+stage process, so all torchrun ranks and every retry train the same thing.
 
 Input layouts (other stages write them; see workers/stages/prepare and extract):
   tokenized      `datasets.load_from_disk` folder: input_ids, loss_mask, seq_len (+ id),
@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from contracts.drafters import drafter
+from contracts.resolved import ResolvedArtifact, TrainResolved
 from contracts.target import text_config
 from contracts.train import TrainParams
-from workers.stages.common import StageError
+from workers.stages.common import StageContext, StageError
 from workers.stages.extract.layers import resolve_layers, validate_layer_ids
-from workers.stages.kernel import require_input, target_config
+from workers.stages.kernel import input_error, target_config
 
 ATTENTION_IMPLS = {"sdpa": "sdpa", "eager": "eager", "flex": "simple_flex_attention"}
 
@@ -72,15 +73,8 @@ def _need(cond: bool, code: str, message: str, **details: Any) -> None:
         raise StageError(code, message, details or None)
 
 
-def _target(spec: dict) -> tuple[str, str, dict]:
-    t = require_input(spec, "target", what="a resolved target")
-    path = str(t["path"])
-    return path, str(t.get("tokenizer_path") or path), text_config(target_config(t))
-
-
-def _tokenized(spec: dict) -> tuple[str, int, list[int], int]:
-    """(path, rows, row 0's input_ids, the longest row)."""
-    path = str(require_input(spec, "tokenized", what="the prepare stage's artifact")["path"])
+def _tokenized(path: str) -> tuple[int, list[int], int]:
+    """(rows, row 0's input_ids, the longest row) of the tokenized set at `path`."""
     _need(Path(path).is_dir(), "invalid_input", f"tokenized set {path} does not exist")
     from datasets import load_from_disk
 
@@ -94,12 +88,12 @@ def _tokenized(spec: dict) -> tuple[str, int, list[int], int]:
           path=path)
     _need(len(ds) > 0, "invalid_input", "tokenized set is empty", path=path)
     plain = ds.with_format(None)
-    return path, len(ds), [int(t) for t in plain[0]["input_ids"]], max(plain["seq_len"])
+    return len(ds), [int(t) for t in plain[0]["input_ids"]], max(plain["seq_len"])
 
 
-def _hs_meta(hs: dict) -> dict:
-    meta = dict(hs.get("meta") or {})
-    meta_file = Path(hs["path"]) / "meta.json"
+def _hs_meta(hs: ResolvedArtifact) -> dict:
+    meta = dict(hs.meta)
+    meta_file = Path(hs.path) / "meta.json"
     if "layer_ids" not in meta and meta_file.is_file():
         meta.update(json.loads(meta_file.read_text()))
     return meta
@@ -172,25 +166,28 @@ def _vocab_source(tokenized_path: str, draft_vocab: int) -> None:
           ".npy) in the tokenized set; set drafter.draft_vocab_size=null for the full vocab")
 
 
-def resolve_job(spec: dict, params: TrainParams, source: str, cuda: bool,
-                warn=lambda msg: None) -> TrainJob:
+def resolve_job(params: TrainParams, inputs: TrainResolved, ctx: StageContext, source: str,
+                cuda: bool, warn=lambda msg: None) -> TrainJob:
     """Check inputs and fix every derived choice. `source`: offline | hf | vllm."""
-    target_path, tokenizer_path, cfg = _target(spec)
+    target_path, tokenizer_path = inputs.target.path, inputs.target.tokenizer
+    cfg = text_config(target_config(inputs.target))
     n_layers, hidden, vocab = (cfg.get("num_hidden_layers"), cfg.get("hidden_size"),
                                cfg.get("vocab_size"))
     if not (isinstance(n_layers, int) and n_layers > 0 and isinstance(hidden, int) and hidden > 0
             and isinstance(vocab, int) and vocab > 0):
         raise StageError("invalid_input",
                          "target config lacks num_hidden_layers/hidden_size/vocab_size")
-    tokenized_path, rows, row0, longest = _tokenized(spec)
+    tokenized_path = inputs.tokenized.path
+    rows, row0, longest = _tokenized(tokenized_path)
     d = params.drafter
-    hs = (spec.get("inputs") or {}).get("hidden_states")
+    hs = inputs.hidden_states
     layer_select = None
     hs_path = None
     if source == "offline":
-        hs = require_input(spec, "hidden_states", what="mode=offline reads the extract "
-                           "stage's artifact; or use mode=online")
-        hs_path = str(hs["path"])
+        if hs is None:
+            raise input_error("inputs.hidden_states", "is required (mode=offline reads the "
+                              "extract stage's artifact; or use mode=online)")
+        hs_path = hs.path
         _need(Path(hs_path).is_dir(), "invalid_input", f"hidden_states {hs_path} does not exist")
         layer_ids, layer_select = _offline_layers(hs_path, _hs_meta(hs), d.target_layer_ids,
                                                   n_layers, hidden, rows, row0)
@@ -217,11 +214,12 @@ def resolve_job(spec: dict, params: TrainParams, source: str, cuda: bool,
     return TrainJob(
         params=params.model_dump(mode="json"), target_path=target_path,
         tokenizer_path=tokenizer_path, tokenized_path=tokenized_path,
-        out_dir=str(spec.get("out_dir")), work_dir=str(spec.get("work_dir")),
-        events_path=spec.get("events_path"), source=source, layer_ids=layer_ids,
+        out_dir=str(ctx.out_dir), work_dir=str(ctx.work_dir),
+        events_path=str(ctx.events_path) if ctx.events_path else None, source=source,
+        layer_ids=layer_ids,
         num_target_layers=n_layers, hidden_size=hidden, vocab_size=vocab,
         draft_vocab_size=draft_vocab, mask_token_id=mask,
         attention=ATTENTION_IMPLS[attention],
         target_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
         hidden_states_path=hs_path, layer_select=layer_select,
-        extra={"rows": rows, "longest_row": longest, "job_id": spec.get("job_id")})
+        extra={"rows": rows, "longest_row": longest, "job_id": ctx.job_id})

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.extract import ExtractVllmParams
+from contracts.resolved import ResolvedTarget
 from workers.stages.extract.layers import LayerPlan
 
 Progress = Callable[[int, int], None]
@@ -25,7 +26,7 @@ Progress = Callable[[int, int], None]
 @dataclass(frozen=True)
 class ExtractJob:
     tokenized_path: str
-    target: dict[str, Any]        # the resolved target input (path, tokenizer_path, config)
+    target: ResolvedTarget        # the resolved target input (contracts/resolved.py)
     layers: LayerPlan
     dtype: str                    # storage dtype (and the hf backend's compute dtype)
     batch_tokens: int

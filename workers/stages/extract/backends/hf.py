@@ -38,7 +38,7 @@ def load_decoder(job: ExtractJob, device: str) -> tuple[Any, Any]:
         kw["attn_implementation"] = job.attn_implementation
     if device != "cpu":
         kw["device_map"] = device  # load straight onto the GPU, not through host memory
-    model = AutoModelForCausalLM.from_pretrained(job.target["path"], **kw)
+    model = AutoModelForCausalLM.from_pretrained(job.target.path, **kw)
     model.to(torch.device(device)).eval()
     decoder = model.get_decoder()
     layers = getattr(decoder, "layers", None)

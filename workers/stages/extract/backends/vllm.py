@@ -102,8 +102,8 @@ def server_command(job: ExtractJob, port: int, staging_dir: Path, max_model_len:
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": str(staging_dir)},
     }
-    cmd = [*serve_command(str(job.target["path"]), port=port, served_name=SERVED_MODEL_NAME),
-           "--tokenizer", str(job.target.get("tokenizer_path") or job.target["path"]),
+    cmd = [*serve_command(job.target.path, port=port, served_name=SERVED_MODEL_NAME),
+           "--tokenizer", job.target.tokenizer,
            "--dtype", job.dtype,
            "--tensor-parallel-size", str(vp.tensor_parallel_size),
            "--data-parallel-size", str(dp),
@@ -295,7 +295,7 @@ def extract(job: ExtractJob, todo: list[tuple[int, int]], progress: Progress) ->
     for e in os.scandir(staging):  # files staged by a killed attempt are not ours any more
         if e.is_file():
             os.unlink(e.path)
-    if is_hybrid(job.target.get("config") or {}):
+    if is_hybrid(job.target.config):
         print("note: hybrid (linear-attention) target: vLLM's hidden-state extraction "
               "supports these only in recent releases", file=sys.stderr)
     port = vp.port or free_port()
