@@ -77,6 +77,14 @@ class PEagleOptions(DrafterOptions):
         return self.num_depths
 
 
+class DSparkOptions(DFlashOptions):
+    # DFlash's block, every slot drafting (speculators' sample_from_anchor, its DSpark
+    # default): the anchor slot predicts the next token too, so a block drafts block_size.
+
+    def speculative_tokens(self) -> int:
+        return self.block_size
+
+
 def _dflash_layers(n: int) -> list[int]:
     """Five layers evenly spaced from layer 1 to N-3 in z-lab's numbering (their id j is the
     *output* of layer j), i.e. j + 1 in ours; this is how speculators' DFlash converter maps
@@ -100,6 +108,7 @@ class Impl(StrEnum):
     DFLASH = "dflash"
     EAGLE3 = "eagle3"
     PEAGLE = "peagle"
+    DSPARK = "dspark"
 
 
 @dataclass(frozen=True)
@@ -228,3 +237,7 @@ register(DrafterDef("eagle3", Eagle3Options, _eagle3_layers, draft_arch="llama",
 # its EAGLE-3 proposer in parallel-drafting mode (docs/methods.md).
 register(DrafterDef("peagle", PEagleOptions, _eagle3_layers, draft_arch="qwen3", shifted=True,
                     vllm_method="eagle3", vllm_options={"parallel_drafting": True}))
+# DSpark: DFlash's backbone and inputs plus a low-rank Markov logit-bias head conditioned on
+# the previous token of the block (and a confidence head); vLLM has a `dspark` method.
+register(DrafterDef("dspark", DSparkOptions, _dflash_layers, draft_arch="qwen3",
+                    position_weighting=True))

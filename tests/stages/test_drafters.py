@@ -41,7 +41,7 @@ def _enum(model, *path: str) -> list[str]:
 
 def test_every_list_of_drafter_types_is_the_registry():
     types = list(DRAFTERS)
-    assert types == ["dflash", "eagle3", "peagle"]
+    assert types == ["dflash", "eagle3", "peagle", "dspark"]
     assert _enum(ExtractParams, "properties", "drafter_type") == types
     assert _enum(DrafterParams, "properties", "type") == types
     assert _enum(RunSpec, "properties", "drafter", "properties", "type") == types
@@ -98,7 +98,7 @@ def test_a_drafter_registered_in_one_place_is_taken_everywhere(fake, tmp_path):
     p = TrainParams.model_validate({"mode": "online", "drafter": {"type": "fakedraft"}})
     assert (p.drafter.ttt_steps, p.drafter.speculative_tokens, p.loss_fn) == (2, 3, "kl_div")
     assert p.drafter.block_size is None
-    with pytest.raises(ValueError, match="block_size applies to dflash only"):
+    with pytest.raises(ValueError, match="block_size applies to dflash and dspark only"):
         DrafterParams(type="fakedraft", block_size=4)
     # evaluate: a checkpoint of the type is read through its proposer's layout
     ckpt = tmp_path / "ckpt"

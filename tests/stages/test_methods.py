@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tests.stages import train_support as ts
 from tests.stages.conftest import target_input
@@ -78,16 +79,27 @@ def _check_learned(summary: dict, report: dict, n: int) -> None:
                       "tau_sim": report["tau_sim"], "per_position": rates}))
 
 
-def test_peagle_trains_evaluates_and_serves_as_parallel_eagle3(train_data, tmp_path):
+def _trained(tmp: Path, train_data, drafter: dict) -> tuple[Any, dict, dict, Path]:
+    """(the checkpoint loaded by speculators, summary, artifact, its folder) of 40 steps."""
     from speculators.model import SpeculatorModel
 
-    target = train_data[0]
-    params = {"drafter": {"type": "peagle", "num_depths": 4, "num_anchors": 64},
-              "seq_length": 512, "lr": 3e-2, "epochs": 100, "max_steps": 40,
-              "checkpoint_every": 100, "log_every": 5}
-    spec, summary, art = _train(tmp_path, train_data, params)
+    params = {"drafter": {**drafter, "num_anchors": 64}, "seq_length": 512, "lr": 3e-2,
+              "epochs": 100, "max_steps": 40, "checkpoint_every": 100, "log_every": 5}
+    spec, summary, art = _train(tmp, train_data, params)
     drafter_dir = Path(spec["out_dir"]) / "drafter"
-    loaded = SpeculatorModel.from_pretrained(str(drafter_dir))
+    return SpeculatorModel.from_pretrained(str(drafter_dir)), summary, art, drafter_dir
+
+
+def _learns(tmp: Path, target: Path, drafter_dir: Path, summary: dict, k: int) -> None:
+    report = _evaluate(tmp, target, drafter_dir)
+    assert len(report["acceptance_rate_per_position"]) == k
+    _check_learned(summary, report, 4)
+
+
+def test_peagle_trains_evaluates_and_serves_as_parallel_eagle3(train_data, tmp_path):
+    target = train_data[0]
+    loaded, summary, art, drafter_dir = _trained(tmp_path, train_data,
+                                                 {"type": "peagle", "num_depths": 4})
     assert type(loaded).__name__ == "PEagleDraftModel"
     assert loaded.config.mask_token_id == art["meta"]["mask_token_id"] is not None
     # vLLM has no `peagle` method: its EAGLE-3 proposer drafts in parallel from the
@@ -95,7 +107,16 @@ def test_peagle_trains_evaluates_and_serves_as_parallel_eagle3(train_data, tmp_p
     assert _served(art["meta"], target) == {
         "model": "<drafter_path>", "method": "eagle3", "num_speculative_tokens": 4,
         "parallel_drafting": True}
+    _learns(tmp_path, target, drafter_dir, summary, 4)
 
-    report = _evaluate(tmp_path, target, drafter_dir)
-    assert len(report["acceptance_rate_per_position"]) == 4
-    _check_learned(summary, report, 4)
+
+def test_dspark_trains_evaluates_and_serves_with_its_markov_head(train_data, tmp_path):
+    target = train_data[0]
+    loaded, summary, art, drafter_dir = _trained(tmp_path, train_data,
+                                                 {"type": "dspark", "block_size": 4})
+    assert type(loaded).__name__ == "DSparkDraftModel"
+    assert loaded.config.sample_from_anchor and loaded.markov_head is not None
+    # Every slot of a block drafts, the anchor's too: block_size speculative tokens.
+    assert _served(art["meta"], target) == {
+        "model": "<drafter_path>", "method": "dspark", "num_speculative_tokens": 4}
+    _learns(tmp_path, target, drafter_dir, summary, 4)

@@ -83,6 +83,10 @@ def _first_dim(shape: list[int] | None) -> int | None:
     return shape[0] if shape else None
 
 
+# Proposers whose checkpoints have DFlash's layout (aux_hidden_state_layer_ids, block_size).
+BLOCK_LAYOUT = frozenset({Impl.DFLASH, Impl.DSPARK})
+
+
 def read_drafter(path: Path | str) -> DrafterSpec:
     ckpt = find_checkpoint(path)
     cfg = json.loads((ckpt / "config.json").read_text())
@@ -93,7 +97,7 @@ def read_drafter(path: Path | str) -> DrafterSpec:
     tl = cfg.get("transformer_layer_config") or {}
     spec_cfg = cfg.get("speculators_config") or {}
     proposals = spec_cfg.get("proposal_methods") or [{}]
-    if DRAFTERS[kind].evaluate == Impl.DFLASH:  # the checkpoint layout of its proposer
+    if DRAFTERS[kind].evaluate in BLOCK_LAYOUT:  # the checkpoint layout of its proposer
         aux = cfg.get("aux_hidden_state_layer_ids")
         n_spec = int(cfg.get("block_size", 8)) - (0 if cfg.get("sample_from_anchor") else 1)
     else:

@@ -79,9 +79,16 @@ def _peagle_kwargs(job: TrainJob) -> dict:
             "norm_output": False}
 
 
+def _dspark_kwargs(job: TrainJob) -> dict:
+    # speculators' DSpark defaults: every slot drafts (sample_from_anchor), a vanilla Markov
+    # head of rank 256 and the confidence head (DSparkDraftModel.from_training_args).
+    return {**_dflash_kwargs(job), "sample_from_anchor": True}
+
+
 # A drafter type's train recipe (contracts/drafters.py `train`) -> its model kwargs.
 RECIPES: dict[str, Callable[[TrainJob], dict]] = {
-    Impl.DFLASH: _dflash_kwargs, Impl.EAGLE3: _eagle3_kwargs, Impl.PEAGLE: _peagle_kwargs}
+    Impl.DFLASH: _dflash_kwargs, Impl.EAGLE3: _eagle3_kwargs, Impl.PEAGLE: _peagle_kwargs,
+    Impl.DSPARK: _dspark_kwargs}
 
 
 def build_model(job: TrainJob):
