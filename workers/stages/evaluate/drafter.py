@@ -100,6 +100,9 @@ def read_drafter(path: Path | str) -> DrafterSpec:
     if DRAFTERS[kind].evaluate in BLOCK_LAYOUT:  # the checkpoint layout of its proposer
         aux = cfg.get("aux_hidden_state_layer_ids")
         n_spec = int(cfg.get("block_size", 8)) - (0 if cfg.get("sample_from_anchor") else 1)
+    elif DRAFTERS[kind].target_mtp:  # reads layer N, the input of the final norm
+        aux = [tl.get("num_hidden_layers")]
+        n_spec = int(proposals[0].get("speculative_tokens") or 3)
     else:
         aux = cfg.get("eagle_aux_hidden_state_layer_ids")
         n_spec = int(proposals[0].get("speculative_tokens") or 3)
@@ -132,8 +135,13 @@ def check_fit(d: DrafterSpec, target_config: dict, label: str = "drafter") -> No
                         f"{d.draft_vocab_size}")
     # The one rule extract and train apply (contracts/target.py); a target config without
     # a layer count checks what needs none.
-    bad = layer_ids_problem(d.aux_layer_ids, t_layers if isinstance(t_layers, int) else None,
-                            f"{label} aux layer ids")
+    # MTP reads layer N alone (the input of the final norm, through a hook): every target
+    # has it.
+    mtp_last = d.kind in DRAFTERS and DRAFTERS[d.kind].target_mtp and \
+        d.aux_layer_ids == [t_layers]
+    bad = None if mtp_last else layer_ids_problem(
+        d.aux_layer_ids, t_layers if isinstance(t_layers, int) else None,
+        f"{label} aux layer ids")
     if bad:
         problems.append(f"layer ids: {bad.message}")
     if problems:

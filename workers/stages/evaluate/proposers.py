@@ -24,6 +24,9 @@ trains, read from `speculators/models/dflash/core.py` and `models/eagle3/core.py
   (slot i predicts the token at p + i + 1), plus a Markov logit bias from the token before
   each slot, applied in order over the block.
 
+- MTP (`models/mtp/core.py`): the target's own multi-token-prediction layer over the
+  target's last hidden states, unrolled one step per draft token (MTPProposer).
+
 All map draft-vocabulary ids to target ids through d2t (`target = draft + d2t[draft]`).
 """
 
@@ -303,12 +306,71 @@ class PEagleProposer(Eagle3Proposer):
         return torch.tensor(out, dtype=torch.long, device=aux.device).view(-1, self.num_spec)
 
 
-Proposer = DFlashProposer | Eagle3Proposer
+class MTPProposer:
+    """The target's MTP layer unrolled as speculators trains it (`models/mtp/core.py`):
+    step 0 runs over every context slot j with the target's hidden state at j (the input
+    of its final norm) and the token at j + 1, predicting the token at j + 2; step k runs
+    over the same slots with step k-1's outputs and the tokens at j + k + 1 (drafts past
+    the anchor), causal over the slots. The last slot's prediction at step k is draft k."""
+
+    kind = Impl.MTP
+
+    def __init__(self, model: Any, num_spec: int | None = None):
+        self.m = model
+        self.num_spec = int(num_spec or model.config.num_speculative_steps)
+        self.ctx: Any = None
+
+    def reset(self) -> None:
+        self.ctx = None
+
+    def extend(self, aux: Any) -> None:
+        """Append the target's last hidden states (aux layer N) of committed positions."""
+        import torch
+
+        self.ctx = aux if self.ctx is None else torch.cat([self.ctx, aux], dim=1)
+
+    def propose(self, tokens: list[int]) -> list[int]:
+        """K tokens after `tokens` (len T + 1: positions 0..T, hidden states known for 0..T-1)."""
+        import torch
+        from speculators.models.mtp.core import _prepare_mtp_position_ids
+        from transformers.masking_utils import create_causal_mask
+
+        m, hidden = self.m, self.ctx
+        t, dev = hidden.shape[1], hidden.device
+        tc = m.config.transformer_layer_config
+        pos, rot = _prepare_mtp_position_ids(torch.arange(t, device=dev).unsqueeze(0), t,
+                                             tc.model_type)
+        seq = list(tokens[:t + 1])
+        with torch.no_grad():
+            mask = create_causal_mask(config=tc, inputs_embeds=hidden, attention_mask=None,
+                                      past_key_values=None, position_ids=pos)
+            for k in range(self.num_spec):
+                emb = m.embed_tokens(torch.tensor([seq[k + 1:k + 1 + t]], device=dev))
+                hidden = m.mtp_layers[0](hidden_states=hidden, token_embeddings=emb,
+                                         attention_mask=mask, position_ids=pos,
+                                         position_embeddings=m.rotary_emb(hidden, rot))
+                seq.append(int(m.lm_head(hidden[:, -1]).argmax(-1)[0]))
+        return seq[t + 1:]
+
+    def teacher_forced(self, aux: Any, input_ids: Any, anchors: Any) -> Any:
+        """Predictions [A, K] for drafts anchored at `anchors`: `propose` over each
+        anchor's context."""
+        import torch
+
+        out = []
+        for p in anchors.tolist():
+            self.ctx = aux[:, :p]
+            out.append(self.propose(input_ids[:p + 1].tolist()))
+        self.ctx = None
+        return torch.tensor(out, dtype=torch.long, device=aux.device).view(-1, self.num_spec)
+
+
+Proposer = DFlashProposer | Eagle3Proposer | MTPProposer
 
 # A drafter type's evaluate key (contracts/drafters.py `evaluate`) -> how it drafts.
 PROPOSERS: dict[str, type[Proposer]] = {
     Impl.DFLASH: DFlashProposer, Impl.EAGLE3: Eagle3Proposer, Impl.PEAGLE: PEagleProposer,
-    Impl.DSPARK: DSparkProposer}
+    Impl.DSPARK: DSparkProposer, Impl.MTP: MTPProposer}
 
 
 def make_proposer(model: Any, num_spec: int | None = None) -> Proposer:
