@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml constraints-cpu.txt | sha1sum | cut -c1-10)
 
-.PHONY: install demo real-target test-real test test-profile test-all test-vllm vllm-install bench bench-scale bench-scale-compute bench-vllm-serve services clean lint
+.PHONY: install demo real-target test-real test test-profile test-all test-vllm vllm-install bench bench-scale bench-scale-compute bench-vllm-serve bench-quality services clean lint
 
 install: $(STAMP)
 
@@ -99,7 +99,7 @@ test-vllm: install vllm-install
 # Each bench sets the torch threads it documents (extract and train: 1, so the baseline and
 # the job share one core the same way); bench/_*.py are helpers.
 bench: install services
-	@for b in bench/[!_]*.py; do case $$b in bench/scale.py|bench/scale_compute.py|bench/vllm_serve.py) continue;; esac; echo "== $$b"; \
+	@for b in bench/[!_]*.py; do case $$b in bench/scale.py|bench/scale_compute.py|bench/vllm_serve.py|bench/quality.py) continue;; esac; echo "== $$b"; \
 		$(PY) $$b || exit 1; done
 
 # The seeds' scale: the data plane at N = 12.5K..800K through the API. Hours on a
@@ -118,6 +118,16 @@ bench-scale-compute: install services
 # (docs/serving.md): needs .venv-vllm and the real target, so not part of `make bench`.
 bench-vllm-serve: real-target vllm-install
 	$(PY) bench/vllm_serve.py
+
+# The quality bench on the real target (docs/quality.md): DFlash and EAGLE-3 trained through the
+# API on the target's own answers to QUALITY_SIZES ShareGPT prompts (3 seeds at the smallest),
+# evaluated on held-out ShareGPT and HumanEval beside untrained and prompt lookup. An hour or
+# more on 2 cores, so not part of `make bench`; its service home (bench/out/quality/) is kept,
+# so a rerun reuses every finished stage. QUALITY_ARGS='--seeds 1 --answer-tokens 24' for a
+# quick look.
+QUALITY_SIZES ?= 20,40,80
+bench-quality: install real-target
+	nice -n 5 $(PY) bench/quality.py --sizes $(QUALITY_SIZES) $(QUALITY_ARGS)
 
 # Fails on a lint or type error (CI runs it before the tests: .ci/run). Config: pyproject.toml.
 lint: install

@@ -116,7 +116,7 @@ if [ -z "${VLLM_BIN:-}" ]; then
     fi
 fi
 [ -x "$VLLM_BIN" ] || fail "VLLM_BIN=$VLLM_BIN is not executable"
-# Which vLLM the stages run is the server's setting (a job cannot name one, issue 26).
+# Which vLLM the stages run is the server's setting (a job cannot name one).
 export DRAFTYARD_VLLM_COMMAND="$VLLM_BIN serve"
 VLLM_PY="$(dirname "$VLLM_BIN")/python"
 VLLM_VERSION=$("$VLLM_PY" -c 'import vllm; print(vllm.__version__)' 2>/dev/null || echo unknown)

@@ -1,4 +1,4 @@
-"""The seeds' scale (issue 22): how each data-plane stage's cost grows with its records.
+"""The seeds' scale: how each data-plane stage's cost grows with its records.
 
     python bench/scale.py                          # N = 12.5K, 50K, 200K, 800K (hours on 2 cores)
     python bench/scale.py --sizes 12500,50000      # some of them

@@ -1,4 +1,4 @@
-"""The seeds' scale, compute stages (issue 22): how generate, prepare, extract, train and
+"""The seeds' scale, compute stages: how generate, prepare, extract, train and
 evaluate grow with their records, on the tiny demo target on the CPU.
 
     python bench/scale_compute.py                    # N = 1K, 4K, 16K (16K: about an hour)

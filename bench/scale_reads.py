@@ -1,4 +1,4 @@
-"""Reads at the seeds' scale (issue 22 item 5): the API's answers with a big database.
+"""Reads at the seeds' scale: the API's answers with a big database.
 
     python bench/scale_reads.py            # 10,000 jobs, 100,000 events on one job, 5,000 rejects
     python bench/scale_reads.py --quick    # 2,000 jobs, 20,000 events, 2,000 rejects

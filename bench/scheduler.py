@@ -1,4 +1,4 @@
-"""Scheduler latency and decision cost on a real stack (issue 10).
+"""Scheduler latency and decision cost on a real stack.
 
     python bench/scheduler.py            # 100 latency samples, 25 decisions, 10,000 queued
     python bench/scheduler.py --quick    # 20 samples, 7 decisions, 10,000 queued

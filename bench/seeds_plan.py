@@ -1,4 +1,4 @@
-"""The seeds' run, planned as a new user would (issue 22 item 3).
+"""The seeds' run, planned as a new user would.
 
     python bench/seeds_plan.py               # 800,000 prompt-only records
     python bench/seeds_plan.py --records 20000

@@ -46,7 +46,7 @@ TEST_ENV = {
     "DRAFTYARD_MODEL_ROOTS": str(_HOME / "models"),
     "OMP_NUM_THREADS": "1",
     # The webhook receivers of the tests listen here (tests/service/receiver.py); every other
-    # internal address stays refused (issue 26 item 2).
+    # internal address stays refused.
     "DRAFTYARD_WEBHOOK_ALLOWED_HOSTS": "127.0.0.2",
 }
 os.environ.update(TEST_ENV)

@@ -1,4 +1,4 @@
-"""PostgreSQL and Redis for the tests, on a machine that may have neither (issue 17).
+"""PostgreSQL and Redis for the tests, on a machine that may have neither.
 
 One home for where the tests' services come from:
 - `test_urls()`: the admin PostgreSQL URL and the Redis base URL the harness uses

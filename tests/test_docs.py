@@ -63,10 +63,23 @@ def test_the_readme_sends_readers_to_the_repos_own_design_docs():
 # "issue 27", "Issue 22.", "issue #14": a number the next reader cannot open (docs/STYLE.md rule 21).
 ISSUE = re.compile(r"\bissues? #?\d+", re.I)
 PRODUCT = ("app/", "workers/", "contracts/", "draftyard/", "procgroup/", "Makefile")
+# The tests, the benches and the docs are read by the next engineer too.
+READ_TOO = ("tests/", "bench/", "docs/", "README.md")
+
+
+def _issue_citations(prefixes: tuple[str, ...]) -> list[str]:
+    return [f"{name}:{n}: {line.strip()}" for name, text in _files().items()
+            if name.startswith(prefixes) and name != SELF
+            for n, line in enumerate(text.splitlines(), 1) if ISSUE.search(line)]
 
 
 def test_product_code_cites_no_issue_numbers():
-    found = [f"{name}:{n}: {line.strip()}" for name, text in _files().items()
-             if name.startswith(PRODUCT)
-             for n, line in enumerate(text.splitlines(), 1) if ISSUE.search(line)]
+    found = _issue_citations(PRODUCT)
     assert not found, "say the reason, or point at docs/ or a test:\n" + "\n".join(found)
+
+
+def test_tests_benches_and_docs_cite_no_issue_numbers():
+    found = _issue_citations(READ_TOO)
+    assert not found, "say the reason, or point at docs/ or a test:\n" + "\n".join(found)
+    assert {n.split("/")[0] for n in _files() if n.startswith(READ_TOO)} >= {
+        "tests", "bench", "docs"}  # the scope is read, or the test above checks nothing

@@ -181,7 +181,7 @@ def test_no_import_cycle_in_app():
 
 
 def test_processes_are_started_only_through_procgroup():
-    """Nothing a job starts may outlive it (issue 24): every process workers/ and app/ start
+    """Nothing a job starts may outlive it: every process workers/ and app/ start
     goes through procgroup.spawn (its own group, a death signal, the attempt's tag), so no
     Popen, new session or preexec_fn of their own. subprocess.run (waited for, in-line) is
     allowed."""

@@ -1,4 +1,4 @@
-"""Migration f27_unique_names (issue 27): existing duplicate target and dataset names of one
+"""Migration f27_unique_names: existing duplicate target and dataset names of one
 owner are renamed (the oldest keeps its name) before the unique index is built."""
 
 from __future__ import annotations

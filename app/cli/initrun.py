@@ -46,35 +46,37 @@ def starting_body(target: dict, dataset: dict, drafter: str) -> dict:
     }
 
 
+def init_run(target: str = typer.Argument(..., help="target name or id"),
+             dataset: str = typer.Argument(..., help="dataset name or id"),
+             out: Path = typer.Option(Path("run.json"), "-o", "--out",
+                                      help="where to write the body"),
+             drafter: str = typer.Option(DEFAULT_DRAFTER,
+                                         help=" | ".join(drafter_types())),
+             force: bool = typer.Option(False, help="overwrite an existing file")):
+    """Write a starting run body for TARGET and DATASET (then: draftyard plan FILE)."""
+    if drafter not in drafter_types():
+        print_error(f"--drafter: {drafter!r} is not one of {', '.join(drafter_types())}")
+        raise typer.Exit(2)
+    if out.exists() and not force:
+        print_error(f"{out} exists already (--force overwrites it)")
+        raise typer.Exit(2)
+    c = Client()
+    try:
+        t, d = c.get_target(target), c.get_dataset(dataset)
+    except ApiError as e:
+        fail(e)
+        return
+    out.write_text(json.dumps(starting_body(t, d, drafter), indent=2) + "\n")
+    # Unwrapped: a long path broken across lines by the console could not be pasted back.
+    console.print(f"wrote {out}: target {t['name']} ({t['id']}), dataset {d['name']} "
+                  f"({d['id']}, {d.get('num_records')} records)", soft_wrap=True)
+    if n := prompt_only(d):
+        typer.echo(f"stages.generate is set: {n} of {d.get('num_records')} records of "
+                   f"{d['name']} are prompt-only (no assistant answer), and the target "
+                   f"writes the answers (without it prepare rejects them: needs_generate)",
+                   err=True)
+    console.print(f"next: draftyard plan {out}", soft_wrap=True)
+
+
 def register(cli: typer.Typer) -> None:
-    @cli.command("init-run")
-    def init_run(target: str = typer.Argument(..., help="target name or id"),
-                 dataset: str = typer.Argument(..., help="dataset name or id"),
-                 out: Path = typer.Option(Path("run.json"), "-o", "--out",
-                                          help="where to write the body"),
-                 drafter: str = typer.Option(DEFAULT_DRAFTER,
-                                             help=" | ".join(drafter_types())),
-                 force: bool = typer.Option(False, help="overwrite an existing file")):
-        """Write a starting run body for TARGET and DATASET (then: draftyard plan FILE)."""
-        if drafter not in drafter_types():
-            print_error(f"--drafter: {drafter!r} is not one of {', '.join(drafter_types())}")
-            raise typer.Exit(2)
-        if out.exists() and not force:
-            print_error(f"{out} exists already (--force overwrites it)")
-            raise typer.Exit(2)
-        c = Client()
-        try:
-            t, d = c.get_target(target), c.get_dataset(dataset)
-        except ApiError as e:
-            fail(e)
-            return
-        out.write_text(json.dumps(starting_body(t, d, drafter), indent=2) + "\n")
-        # Unwrapped: a long path broken across lines by the console could not be pasted back.
-        console.print(f"wrote {out}: target {t['name']} ({t['id']}), dataset {d['name']} "
-                      f"({d['id']}, {d.get('num_records')} records)", soft_wrap=True)
-        if n := prompt_only(d):
-            typer.echo(f"stages.generate is set: {n} of {d.get('num_records')} records of "
-                       f"{d['name']} are prompt-only (no assistant answer), and the target "
-                       f"writes the answers (without it prepare rejects them: needs_generate)",
-                       err=True)
-        console.print(f"next: draftyard plan {out}", soft_wrap=True)
+    cli.command("init-run")(init_run)

@@ -109,147 +109,153 @@ def print_run_report(c: Client, run: dict) -> None:
     console.print(f"  the whole report: draftyard runs show {run['id']}")
 
 
-def register(cli: typer.Typer) -> None:
-    @cli.command()
-    def plan(file: Path = typer.Argument(..., help="a run body (JSON), as for POST /v1/runs"),
-             json_out: bool = typer.Option(False, "--json", help="the API's answer as it came")):
-        """Dry-run a run on a sample of its data, without GPUs: checks, time estimates per
-        stage (GPU-hours, wall time); exit 1 when a check fails."""
-        c = Client(timeout=180)
-        t = time.time()
-        try:
-            p = c.plan(_body(file))
-        except ApiError as e:
-            fail(e, 2)
-        if json_out:
-            print_json(p)
-        else:
-            print_plan(p, time.time() - t)
-        raise typer.Exit(0 if p["ok"] else 1)
+def plan(file: Path = typer.Argument(..., help="a run body (JSON), as for POST /v1/runs"),
+         json_out: bool = typer.Option(False, "--json", help="the API's answer as it came")):
+    """Dry-run a run on a sample of its data, without GPUs: checks, time estimates per
+    stage (GPU-hours, wall time); exit 1 when a check fails."""
+    c = Client(timeout=180)
+    t = time.time()
+    try:
+        p = c.plan(_body(file))
+    except ApiError as e:
+        fail(e, 2)
+    if json_out:
+        print_json(p)
+    else:
+        print_plan(p, time.time() - t)
+    raise typer.Exit(0 if p["ok"] else 1)
 
-    @cli.command()
-    def run(file: Path = typer.Argument(..., help="a run body (JSON), as for POST /v1/runs"),
-            follow: bool = typer.Option(False, "-f", "--follow", help="per-stage progress bars"),
-            force_plan: bool = typer.Option(False, help="start even if the plan has errors")):
-        """Submit a whole run (generate -> prepare -> extract -> train -> evaluate)."""
-        c = Client(timeout=180)
-        body = _body(file)
-        if force_plan:
-            body["force_plan"] = True
-        try:
-            r = c.create_run(body)
-        except ApiError as e:
-            if e.code == "plan_failed":
-                print_plan(e.details)
-                console.print("[red]refused[/red]: the plan has errors (--force-plan to start "
-                              "anyway)")
-                raise typer.Exit(1) from None
-            fail(e, 2)
-        console.print(f"submitted run [bold]{r['id']}[/bold]: "
-                      f"{' -> '.join(j['run_stage'] for j in r['jobs'])}")
-        if not follow:
-            return
-        labels = {j["id"]: j["run_stage"] for j in r["jobs"]}
-        follow_jobs(c, list(labels), labels)
+
+def run(file: Path = typer.Argument(..., help="a run body (JSON), as for POST /v1/runs"),
+        follow: bool = typer.Option(False, "-f", "--follow", help="per-stage progress bars"),
+        force_plan: bool = typer.Option(False, help="start even if the plan has errors")):
+    """Submit a whole run (generate -> prepare -> extract -> train -> evaluate)."""
+    c = Client(timeout=180)
+    body = _body(file)
+    if force_plan:
+        body["force_plan"] = True
+    try:
+        r = c.create_run(body)
+    except ApiError as e:
+        if e.code == "plan_failed":
+            print_plan(e.details)
+            console.print("[red]refused[/red]: the plan has errors (--force-plan to start "
+                          "anyway)")
+            raise typer.Exit(1) from None
+        fail(e, 2)
+    console.print(f"submitted run [bold]{r['id']}[/bold]: "
+                  f"{' -> '.join(j['run_stage'] for j in r['jobs'])}")
+    if not follow:
+        return
+    labels = {j["id"]: j["run_stage"] for j in r["jobs"]}
+    follow_jobs(c, list(labels), labels)
+    final = c.get_run(r["id"])
+    for _ in range(20):  # the run's own status follows its jobs' within a moment
+        if final["status"] in TERMINAL:
+            break
+        time.sleep(0.5)
         final = c.get_run(r["id"])
-        for _ in range(20):  # the run's own status follows its jobs' within a moment
-            if final["status"] in TERMINAL:
-                break
-            time.sleep(0.5)
-            final = c.get_run(r["id"])
-        print_run_report(c, final)
-        raise typer.Exit(0 if final["status"] == "succeeded" else 1)
+    print_run_report(c, final)
+    raise typer.Exit(0 if final["status"] == "succeeded" else 1)
 
+
+def runs(ctx: typer.Context, limit: int = 20,
+         json_out: bool = typer.Option(False, "--json", help="the API's JSON")):
+    """List runs with their stages and acceptance."""
+    if ctx.invoked_subcommand is not None:
+        return
+    c = Client()
+    try:
+        page = c.list_runs(limit=limit)
+        if json_out:
+            return print_json(page["data"])
+        names = owner_names(c)
+    except ApiError as e:
+        fail(e)
+    rows = []
+    for r in page["data"]:
+        stages = " ".join(f"{j['run_stage']}:{j['status']}" for j in r["jobs"])
+        rep = r.get("report") or {}
+        if rep.get("drafters"):  # several: the best one's (app/runs/service.py ranked)
+            rep = rep["drafters"][0]
+        tau = f"{num(rep.get('tau'))} ({num(rep.get('tau_baseline'))})" if rep else ""
+        v = rep.get("verdict") or ""
+        rows.append([f"[{'green' if v == 'accept' else 'red'}]{v}[/]" if v else "", r["id"],
+                     r["name"], names.get(r["owner"], r["owner"]), r["status"], stages, tau])
+    console.print(make_table("runs", ("verdict", "id", "name", "owner", "status", "stages",
+                                      "tau (untrained)"), rows))
+
+
+def runs_cancel(run: str = typer.Argument(..., help="a run's id or name"),
+                json_out: bool = typer.Option(False, "--json", help="the run's JSON")):
+    """Cancel every unfinished stage of a run (finished stages keep their artifacts)."""
+    try:
+        r = Client().cancel_run(run)
+    except ApiError as e:
+        fail(e)
+    if json_out:
+        return print_json(r)
+    stopping = r["status"] not in TERMINAL and any(j["status"] == "cancelling"
+                                                   for j in r["jobs"])
+    console.print(f"run {r['id']} ({r['name']}): {r['status']}" +
+                  (" (its running stage is stopping)" if stopping else ""), markup=False)
+    for j in r["jobs"]:
+        console.print(f"  {j['run_stage']:<9} {j['id']} {j['status']}", markup=False)
+
+
+def runs_show(run_id: str, json_out: bool = typer.Option(False, "--json",
+                                                         help="the report's JSON")):
+    """One run's report: verdict first, tau trained vs untrained, acceptance per
+    position, training curves, the serve command, and where every artifact came from."""
+    c = Client()
+    try:
+        rep = c.run_report(run_id)
+    except ApiError as e:
+        fail(e)
+    if json_out:
+        return print_json(rep)
+    print_report(rep)
+
+
+def dataset(file: Path = typer.Argument(..., help="a chat-data file to upload"),
+            name: Optional[str] = typer.Option(None, help="default: the file's name"),
+            fmt: str = typer.Option("auto", "--format", help="force a format: " +
+                                    " | ".join(FORMATS) + " (auto: detect it)"),
+            server_path: bool = typer.Option(False, help="ingest FILE where it lies on the "
+                                             "server (inside DRAFTYARD_DATA_ROOTS), no upload")):
+    """Add a dataset and wait for its ingest: format, counts, rejected lines and why."""
+    c = Client(timeout=600)
+    name = name or file.name.split(".")[0]
+    try:
+        if server_path:
+            d = c.add_dataset(name, file.resolve(), fmt)
+        else:
+            if not file.is_file():
+                print_error(f"{file}: no such file")
+                raise typer.Exit(2)
+            d = c.upload_dataset(file, name, fmt)
+        console.print(f"dataset [bold]{d['id']}[/bold] ({d['status']})")
+        d = c.wait_dataset(d["id"], timeout=None, poll=0.5)
+    except ApiError as e:
+        fail(e)
+    if d["status"] != "ready":
+        console.print(f"[red]{d['status']}[/red]: {(d.get('error') or {}).get('message', '')}")
+        raise typer.Exit(1)
+    st = d.get("stats") or {}
+    console.print(f"{d['name']}: format {d['format']}, {d['num_records']} records "
+                  f"({st.get('user_only', 0)} prompt-only, {st.get('with_system', 0)} with "
+                  f"system, {st.get('with_tools', 0)} with tools), "
+                  f"{d['num_rejected']} rejected")
+    for rj in d.get("rejected_sample") or []:
+        console.print(f"  line {rj['line']}: {rj['reason']}")
+
+
+def register(cli: typer.Typer) -> None:
+    cli.command()(plan)
+    cli.command()(run)
     runs_app = typer.Typer(help="List runs; `runs show RUN_ID` for one run's report.")
     cli.add_typer(runs_app, name="runs")
-
-    @runs_app.callback(invoke_without_command=True)
-    def runs(ctx: typer.Context, limit: int = 20,
-             json_out: bool = typer.Option(False, "--json", help="the API's JSON")):
-        """List runs with their stages and acceptance."""
-        if ctx.invoked_subcommand is not None:
-            return
-        c = Client()
-        try:
-            page = c.list_runs(limit=limit)
-            if json_out:
-                return print_json(page["data"])
-            names = owner_names(c)
-        except ApiError as e:
-            fail(e)
-        rows = []
-        for r in page["data"]:
-            stages = " ".join(f"{j['run_stage']}:{j['status']}" for j in r["jobs"])
-            rep = r.get("report") or {}
-            if rep.get("drafters"):  # several: the best one's (app/runs/service.py ranked)
-                rep = rep["drafters"][0]
-            tau = f"{num(rep.get('tau'))} ({num(rep.get('tau_baseline'))})" if rep else ""
-            v = rep.get("verdict") or ""
-            rows.append([f"[{'green' if v == 'accept' else 'red'}]{v}[/]" if v else "", r["id"],
-                         r["name"], names.get(r["owner"], r["owner"]), r["status"], stages, tau])
-        console.print(make_table("runs", ("verdict", "id", "name", "owner", "status", "stages",
-                                          "tau (untrained)"), rows))
-
-    @runs_app.command("cancel")
-    def runs_cancel(run: str = typer.Argument(..., help="a run's id or name"),
-                    json_out: bool = typer.Option(False, "--json", help="the run's JSON")):
-        """Cancel every unfinished stage of a run (finished stages keep their artifacts)."""
-        try:
-            r = Client().cancel_run(run)
-        except ApiError as e:
-            fail(e)
-        if json_out:
-            return print_json(r)
-        stopping = r["status"] not in TERMINAL and any(j["status"] == "cancelling"
-                                                       for j in r["jobs"])
-        console.print(f"run {r['id']} ({r['name']}): {r['status']}" +
-                      (" (its running stage is stopping)" if stopping else ""), markup=False)
-        for j in r["jobs"]:
-            console.print(f"  {j['run_stage']:<9} {j['id']} {j['status']}", markup=False)
-
-    @runs_app.command("show")
-    def runs_show(run_id: str, json_out: bool = typer.Option(False, "--json",
-                                                             help="the report's JSON")):
-        """One run's report: verdict first, tau trained vs untrained, acceptance per
-        position, training curves, the serve command, and where every artifact came from."""
-        c = Client()
-        try:
-            rep = c.run_report(run_id)
-        except ApiError as e:
-            fail(e)
-        if json_out:
-            return print_json(rep)
-        print_report(rep)
-
-    @cli.command()
-    def dataset(file: Path = typer.Argument(..., help="a chat-data file to upload"),
-                name: Optional[str] = typer.Option(None, help="default: the file's name"),
-                fmt: str = typer.Option("auto", "--format", help="force a format: " +
-                                        " | ".join(FORMATS) + " (auto: detect it)"),
-                server_path: bool = typer.Option(False, help="ingest FILE where it lies on the "
-                                                 "server (inside DRAFTYARD_DATA_ROOTS), no upload")):
-        """Add a dataset and wait for its ingest: format, counts, rejected lines and why."""
-        c = Client(timeout=600)
-        name = name or file.name.split(".")[0]
-        try:
-            if server_path:
-                d = c.add_dataset(name, file.resolve(), fmt)
-            else:
-                if not file.is_file():
-                    print_error(f"{file}: no such file")
-                    raise typer.Exit(2)
-                d = c.upload_dataset(file, name, fmt)
-            console.print(f"dataset [bold]{d['id']}[/bold] ({d['status']})")
-            d = c.wait_dataset(d["id"], timeout=None, poll=0.5)
-        except ApiError as e:
-            fail(e)
-        if d["status"] != "ready":
-            console.print(f"[red]{d['status']}[/red]: {(d.get('error') or {}).get('message', '')}")
-            raise typer.Exit(1)
-        st = d.get("stats") or {}
-        console.print(f"{d['name']}: format {d['format']}, {d['num_records']} records "
-                      f"({st.get('user_only', 0)} prompt-only, {st.get('with_system', 0)} with "
-                      f"system, {st.get('with_tools', 0)} with tools), "
-                      f"{d['num_rejected']} rejected")
-        for rj in d.get("rejected_sample") or []:
-            console.print(f"  line {rj['line']}: {rj['reason']}")
+    runs_app.callback(invoke_without_command=True)(runs)
+    runs_app.command("cancel")(runs_cancel)
+    runs_app.command("show")(runs_show)
+    cli.command()(dataset)

@@ -39,37 +39,39 @@ def print_usage(u: dict) -> None:
                       f"{', '.join(check['missing'])}[/red]")
 
 
+def storage(ctx: typer.Context, json_out: bool = JSON):
+    """Bytes by kind, owner and run; free and reserved per volume; reclaimable bytes."""
+    if ctx.invoked_subcommand:
+        return
+    try:
+        u = Client().storage()
+    except ApiError as e:
+        fail(e)
+        return
+    print_json(u) if json_out else print_usage(u)
+
+
+def prune(dry_run: bool = typer.Option(False, "--dry-run", help="only list what would go"),
+          json_out: bool = JSON):
+    """Remove what retention allows now (admins), or list it (--dry-run)."""
+    try:
+        r = Client().prune_storage(dry_run=dry_run)
+    except ApiError as e:
+        fail(e)
+        return
+    if json_out:
+        print_json(r)
+        return
+    _table("would go" if dry_run else "removed", ("what", "id", "bytes", "owner", "why"),
+           [[i["what"], i["id"], size(i["bytes"]), i["owner"], i["reason"]]
+            for i in r["items"]])
+    verb = "would free" if dry_run else "freed"
+    console.print(f"{verb} {size(r['bytes'] if dry_run else r['bytes_freed'])}")
+
+
 def register(cli: typer.Typer) -> None:
     app = typer.Typer(help="Disk usage (`storage`), retention (`storage prune`).",
                       no_args_is_help=False)
     cli.add_typer(app, name="storage")
-
-    @app.callback(invoke_without_command=True)
-    def storage(ctx: typer.Context, json_out: bool = JSON):
-        """Bytes by kind, owner and run; free and reserved per volume; reclaimable bytes."""
-        if ctx.invoked_subcommand:
-            return
-        try:
-            u = Client().storage()
-        except ApiError as e:
-            fail(e)
-            return
-        print_json(u) if json_out else print_usage(u)
-
-    @app.command("prune")
-    def prune(dry_run: bool = typer.Option(False, "--dry-run", help="only list what would go"),
-              json_out: bool = JSON):
-        """Remove what retention allows now (admins), or list it (--dry-run)."""
-        try:
-            r = Client().prune_storage(dry_run=dry_run)
-        except ApiError as e:
-            fail(e)
-            return
-        if json_out:
-            print_json(r)
-            return
-        _table("would go" if dry_run else "removed", ("what", "id", "bytes", "owner", "why"),
-               [[i["what"], i["id"], size(i["bytes"]), i["owner"], i["reason"]]
-                for i in r["items"]])
-        verb = "would free" if dry_run else "freed"
-        console.print(f"{verb} {size(r['bytes'] if dry_run else r['bytes_freed'])}")
+    app.callback(invoke_without_command=True)(storage)
+    app.command("prune")(prune)

@@ -92,15 +92,11 @@ def cas_status(session: Session, job_id: str, old: S, new: S, **fields: Any) -> 
     return True
 
 
-def dispatched(session: Session, job_ids: list[str]) -> None:
+def dispatched(session: Session, jobs: list[Job]) -> None:
     """Announce queued -> dispatched for jobs the scheduler moved in bulk (one conditional
-    statement per job, which also wrote their status event and leases: app/scheduler/
-    service.py). One read for all of them; the rows are re-read, not taken from the session,
-    which may hold them as they were before the bulk statement."""
-    if not job_ids:
-        return
-    for job in session.scalars(select(Job).where(Job.id.in_(job_ids))
-                               .execution_options(populate_existing=True)):
+    statement per job, which also wrote their status event and leases, and returned the
+    job's row as it now is: app/scheduler/service.py `_dispatch`)."""
+    for job in jobs:
         announce(session, job, S.queued.value, S.dispatched.value)
 
 

@@ -55,10 +55,14 @@ def held_for(holders_by_node: dict[str, list[Holder]]) -> dict[str, str]:
 
 def choose(waiters: list[tuple[str, int, int]], free: dict[str, int], totals: dict[str, int],
            holders_by_node: dict[str, list[Holder]], *, now: float,
-           max_per_hour: int) -> list[Preemption]:
+           max_per_hour: int, reserved: dict[str, str] | None = None) -> list[Preemption]:
     """`waiters`: (id, priority, gpus) of jobs waiting for GPUs, in policy order. `free`:
-    free GPUs per schedulable node after this pass's placements; `totals`: GPUs per node."""
+    free GPUs per schedulable node after this pass's placements; `totals`: GPUs per node.
+    `reserved`: node -> the aged job the plan holds it back for (policy.Schedule.reserved):
+    nothing else starts there, so nothing is preempted there for another job either (its
+    GPUs would go to that job, and the aged job would lose the node it waits on)."""
     busy = held_for(holders_by_node)  # nodes already being freed for someone
+    reserved = reserved or {}
     served = set(busy.values())
     taken: set[str] = set()
     out: list[Preemption] = []
@@ -67,7 +71,8 @@ def choose(waiters: list[tuple[str, int, int]], free: dict[str, int], totals: di
             continue
         best: tuple | None = None
         for node, nfree in free.items():
-            if node in busy or totals.get(node, 0) < n or nfree >= n:
+            if node in busy or reserved.get(node, wid) != wid or totals.get(node, 0) < n \
+                    or nfree >= n:
                 continue
             cands = sorted((h for h in holders_by_node.get(node, ())
                             if h.preemptible and h.running and not h.preempt_by

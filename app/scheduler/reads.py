@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from operator import itemgetter
 from typing import cast
@@ -22,7 +22,7 @@ from app.models import Gpu, GpuLease, Job, Node
 from app.scheduler.policy import NodeState, Usage
 from app.scheduler.preempt import Holder
 from app.storage.reserve import RESERVES
-from contracts.jobtypes import NEVER_REUSE
+from contracts.jobtypes import JOB_TYPES, NEVER_REUSE
 
 USAGE_WINDOW_H = 24  # "recent GPU-hours" of fair share
 HOURS_TTL_S = 2.0  # how stale a decision may read the GPU-hours (they move by seconds)
@@ -49,6 +49,39 @@ _ONLY = (f" AND (status = '{S.pending}' OR " + _NEEDS_FP + " OR (NOT held AND ("
          "(gpus_requested = 0 AND :cpu) OR gpus_requested BETWEEN 1 AND :most OR "
          "(gpus_requested > 0 AND {epoch} < :aged))))")
 ID, OWNER, PRIO, GPUS, QAT, HELD, STATUS, NEEDS_FP, RESERVES_DISK, POS, REASON = range(11)
+
+# The same jobs on PostgreSQL, read through the partial indexes of migration
+# s40_queue_indexes (a few hundred index entries instead of a scan of every waiting row):
+# the pending ones, the queued ones to fingerprint, and of the queued ones not held: the CPU
+# jobs (when a slot is free), the aged GPU jobs, the jobs a preemption frees a node for
+# (`keep`), and each owner's first `fit_counts[g]` g-GPU jobs (`policy.few_that_matter`: the
+# others cannot start in this decision). The owners come from a skip scan of the index.
+# Each predicate repeats its index's own, so that the planner can use the index.
+_COLS = ("j.id, j.owner_id, j.priority, j.gpus_requested, "
+         "coalesce(date_part('epoch', j.queued_at), 'Infinity'::float8), j.held, j.status, "
+         f"(j.fingerprint IS NULL AND j.type NOT IN ({_NEVER})), "
+         "j.type IN (" + ", ".join(f"'{t}'" for t in sorted(RESERVES)) + ")")
+_REUSABLE = ", ".join(f"'{t}'" for t in sorted(set(JOB_TYPES) - NEVER_REUSE)) or "''"
+_QUEUE = f"j.status = '{S.queued}' AND NOT j.held"
+_FEW_PG = text(f"""
+WITH RECURSIVE o(owner) AS (
+  (SELECT j.owner_id FROM jobs j WHERE {_QUEUE} ORDER BY j.owner_id LIMIT 1)
+  UNION ALL
+  SELECT (SELECT j.owner_id FROM jobs j WHERE {_QUEUE} AND j.owner_id > o.owner
+          ORDER BY j.owner_id LIMIT 1) FROM o WHERE o.owner IS NOT NULL)
+SELECT {_COLS} FROM jobs j WHERE j.status = '{S.pending}'
+UNION SELECT {_COLS} FROM jobs j
+  WHERE j.status = '{S.queued}' AND j.fingerprint IS NULL AND j.type IN ({_REUSABLE})
+UNION SELECT {_COLS} FROM jobs j WHERE {_QUEUE} AND j.gpus_requested = 0 AND :cpu
+UNION SELECT {_COLS} FROM jobs j
+  WHERE {_QUEUE} AND j.gpus_requested > 0 AND j.queued_at < :aged
+UNION SELECT {_COLS} FROM jobs j WHERE {_QUEUE} AND j.id = ANY(CAST(:keep AS varchar[]))
+UNION SELECT {_COLS} FROM o CROSS JOIN generate_series(1, :most) AS g(n)
+  CROSS JOIN LATERAL (
+    SELECT * FROM jobs j WHERE {_QUEUE} AND j.owner_id = o.owner AND j.gpus_requested = g.n
+    ORDER BY j.priority DESC, j.queued_at, j.id COLLATE "C"
+    LIMIT (CAST(:caps AS integer[]))[g.n]) j
+  WHERE o.owner IS NOT NULL""")
 _AGE, _PRIO = itemgetter(QAT, ID), itemgetter(PRIO)
 
 
@@ -61,7 +94,8 @@ def _rows_sql(dialect: str, with_reasons: bool, only: bool):
 
 
 def waiting_rows(session: Session, with_reasons: bool,
-                 only: tuple[int, bool, float] | None = None) -> list[tuple]:
+                 only: tuple[int, bool, float] | None = None,
+                 few: tuple[list[int], set[str]] | None = None) -> list[tuple]:
     """(id, owner, priority, gpus, queued_at epoch s, held, status, needs_fp, reserves[,
     position, reason]) of the pending and queued jobs, in no order (`queued_in_order`).
     Plain driver rows: with 10,000 queued, ORM rows or datetime objects would each cost more
@@ -71,8 +105,17 @@ def waiting_rows(session: Session, with_reasons: bool,
     that cannot change this decision: held ones, and those that fit nowhere now (GPUs only
     get fewer during a decision) unless they waited past the aging bound (they may hold a
     node back). The jobs left out would only have been given a reason, so the placements
-    are the same as from all of them (tests/scheduler/test_policy.py checks that)."""
+    are the same as from all of them (tests/scheduler/test_policy.py checks that).
+
+    `few=(policy.fit_counts(nodes), keep)` with `only`, on PostgreSQL: fewer still, the jobs
+    `policy.few_that_matter` keeps (the same placements again; `_FEW_PG`)."""
     dialect = "sqlite" if is_sqlite(session) else "postgresql"
+    if few is not None and only is not None and dialect == "postgresql" and not with_reasons:
+        return cast(list[tuple], session.connection().execute(_FEW_PG, {
+            # caps[g] is the SQL array's element g: it counts from 1
+            "most": len(few[0]) - 1, "caps": list(few[0][1:]), "keep": sorted(few[1]),
+            "cpu": bool(only[1]),
+            "aged": datetime.fromtimestamp(float(only[2]), timezone.utc)}).all())
     sql = _rows_sql(dialect, with_reasons, only is not None)
     params = {} if only is None else {"most": int(only[0]), "cpu": bool(only[1]),
                                       "aged": float(only[2])}
@@ -139,11 +182,26 @@ def largest_gpu_node(session: Session) -> int:
         return max((n.total for n in node_states(session)[0] if n.schedulable), default=0)
 
 
+_fits_lock = threading.Lock()
+_fits: dict[str, tuple[float, int]] = {}  # database -> (read at, GPUs of its largest node)
+
+
 def no_gpu_node_reason(session: Session, gpus: int) -> str | None:
-    """Why a job asking for `gpus` cannot start on this deployment as it is (None: it can)."""
+    """Why a job asking for `gpus` cannot start on this deployment as it is (None: it can).
+    Asked at every GPU job's submit: a node big enough seen less than HOURS_TTL_S ago in
+    this process answers without reading the nodes again (the submit's own decision reads
+    them right after); a too-small answer is never reused, so a job no node fits is always
+    told so at once."""
     if gpus <= 0:
         return None
+    key, t = str(session.get_bind().engine.url), time.monotonic()
+    with _fits_lock:
+        hit = _fits.get(key)
+    if hit is not None and t - hit[0] < HOURS_TTL_S and hit[1] >= gpus:
+        return None
     top = largest_gpu_node(session)
+    with _fits_lock:
+        _fits[key] = (t, top)
     if top >= gpus:
         return None
     return (f"needs {gpus} GPU(s) on one node; the largest schedulable node has {top}"

@@ -15,7 +15,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import cast
 
-from sqlalchemy import Table, bindparam, select, text, update
+from sqlalchemy import Integer, Table, bindparam, column, select, text, update
 from sqlalchemy.orm import Session
 
 from app.core.broker import send_run_job
@@ -26,7 +26,7 @@ from app.jobs.service import add_event, dispatched, transition
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, GpuLease, Job
 from app.scheduler import preempt
-from app.scheduler.policy import Usage, Waiting, plan
+from app.scheduler.policy import Usage, Waiting, fit_counts, plan
 from app.storage import reserve
 from app.scheduler.reads import (GPUS, HELD, ID, NEEDS_FP, OWNER, POS, PRIO, QAT, REASON,
                                  RESERVES_DISK, STATUS, UNSET, cpu_held, node_states,
@@ -155,12 +155,14 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
     most = max((len(nd.free) for nd in nodes if nd.schedulable), default=0)
     only = None if with_reasons else (most, cpu_free > 0,
                                       now.timestamp() - cfg.backfill_bound_s)
+    held_for = preempt.held_for({nd.name: nd.holders for nd in nodes})
+    few = None if with_reasons else (fit_counts(nodes), set(held_for.values()))
     with _gc_paused():
-        rows = waiting_rows(session, with_reasons, only)
+        rows = waiting_rows(session, with_reasons, only, few)
         pending = S.pending.value
         todo = [r[ID] for r in rows if r[NEEDS_FP] or r[STATUS] == pending]
         if todo and _promote_and_reuse(session, todo):
-            rows = waiting_rows(session, with_reasons, only)  # some moved on: read them again
+            rows = waiting_rows(session, with_reasons, only, few)  # some moved on: read again
         rows = queued_in_order(rows)
         if not rows:
             return []
@@ -176,20 +178,22 @@ def schedule_once(session: Session, *, with_reasons: bool = True,
                  backfill_bound_s=cfg.backfill_bound_s, cpu_free=cpu_free,
                  user_cpu_slots=cfg.user_cpu_slots,
                  top=REASONS_TOP if with_reasons else 0, presorted=True,
-                 held_for=preempt.held_for({nd.name: nd.holders for nd in nodes}))
+                 held_for=held_for)
     by_id = {r[ID]: r for r in rows}
     # Lease start after the GPU rows were read: a GPU freed by a commit that this pass saw
     # was released before this instant, so the lease history never shows a false overlap.
     now = utcnow()
     sent: list[tuple[str, str]] = []
+    moved: list[Job] = []
     todo = p.dispatch if time.monotonic() >= _broker_down_until else []
     disk = _disk_check(session, [t for t in todo if by_id[t[0]][RESERVES_DISK]], p.reasons)
     for job_id, node, idx in todo:
         if job_id in disk:
             continue  # its disk reservation does not fit: it waits, with the reason
-        if _dispatch(session, job_id, by_id[job_id][OWNER], node, idx, now):
+        if (job := _dispatch(session, job_id, by_id[job_id][OWNER], node, idx, now)):
+            moved.append(job)
             sent.append((job_id, f"gpu.{node}" if idx else "cpu"))
-    dispatched(session, [j for j, _ in sent])  # announced like every other change
+    dispatched(session, moved)  # announced like every other change
     if p.gpu_waits:
         _preempt(session, p, by_id, nodes, now, cfg.preempt_max_per_hour)
     if with_reasons:
@@ -231,7 +235,7 @@ def _preempt(session: Session, p, by_id, nodes, now, max_per_hour: int) -> None:
     free = {nd.name: len(set(nd.free) - taken.get(nd.name, set())) for nd in live}
     chosen = preempt.choose(waiters, free, {nd.name: nd.total for nd in live},
                             {nd.name: nd.holders for nd in live}, now=now.timestamp(),
-                            max_per_hour=max_per_hour)
+                            max_per_hour=max_per_hour, reserved=p.reserved)
     for c in chosen:
         for victim in c.victims:
             # Still running and not yet asked: a job that ended since the read keeps its end.
@@ -273,12 +277,13 @@ def undispatch(job_ids: list[str], reason: str) -> None:
 
 # The job (still queued, not held: it may have been cancelled or held since it was read),
 # then its GPUs (still free: never oversubscribe), the lease history and the status event,
-# in one statement. Returns (jobs moved, GPUs claimed). Announced by app.jobs.service
-# .dispatched once the pass has placed every job.
+# in one statement. Returns the job's row as it now is, with the GPUs claimed (no row: the
+# job was not moved), so announcing the change reads nothing more. Announced by
+# app.jobs.service.dispatched once the pass has placed every job.
 _DISPATCH_PG = text("""
 WITH j AS (UPDATE jobs SET status = :to, node = :node, pending_reason = NULL,
                            heartbeat_at = :now, queue_position = NULL
-           WHERE id = :id AND status = :from AND NOT held RETURNING id),
+           WHERE id = :id AND status = :from AND NOT held RETURNING *),
 g AS (UPDATE gpus SET job_id = :id
       WHERE node = :node AND "index" = ANY(CAST(:idx AS integer[])) AND job_id IS NULL
         AND EXISTS (SELECT 1 FROM j) RETURNING "index"),
@@ -286,26 +291,31 @@ l AS (INSERT INTO gpu_leases (job_id, owner_id, node, "index", start_at)
       SELECT :id, :owner, :node, g."index", :now FROM g),
 e AS (INSERT INTO job_events (job_id, at, kind, data)
       SELECT :id, :now, 'status', CAST(:data AS json) FROM j)
-SELECT (SELECT count(*) FROM j), (SELECT count(*) FROM g)""")
+SELECT """ + ", ".join(f'j."{c.name}"' for c in cast(Table, Job.__table__).c) + """,
+       (SELECT count(*) FROM g) AS claimed FROM j""").columns(
+    *cast(Table, Job.__table__).c, column("claimed", Integer))
+_DISPATCHED_JOB = select(Job, column("claimed", Integer)).from_statement(_DISPATCH_PG) \
+    .execution_options(populate_existing=True)
 
 
 def _dispatch(session: Session, job_id: str, owner: str, node: str | None, idx: list[int],
-              now) -> bool:
-    """queued -> dispatched with its GPUs leased; False if the job is no longer queued."""
+              now) -> Job | None:
+    """queued -> dispatched with its GPUs leased: the job as it now is, or None if it is no
+    longer queued."""
     event = {"from": S.queued.value, "to": S.dispatched.value, "node": node, "gpus": idx}
     if not is_sqlite(session):
-        moved, claimed = session.execute(_DISPATCH_PG, {
+        row = session.execute(_DISPATCHED_JOB, {
             "from": S.queued.value, "to": S.dispatched.value, "id": job_id, "owner": owner,
-            "node": node, "idx": idx, "now": now, "data": json.dumps(event)}).one()
-        if moved and claimed != len(idx):  # someone else holds one: never oversubscribe
-            raise RuntimeError(f"lease conflict on {node} {idx}")
-        return bool(moved)
+            "node": node, "idx": idx, "now": now, "data": json.dumps(event)}).first()
+        if row is not None and row.claimed != len(idx):  # someone else holds one
+            raise RuntimeError(f"lease conflict on {node} {idx}")  # never oversubscribe
+        return None if row is None else row[0]
     res = session.execute(update(Job).where(Job.id == job_id, Job.status == S.queued.value,
                                             Job.held.is_(False))
                           .values(status=S.dispatched.value, node=node, pending_reason=None,
                                   heartbeat_at=now, queue_position=None))
     if rowcount(res) != 1:
-        return False
+        return None
     if idx:
         res = session.execute(update(Gpu).where(Gpu.node == node, Gpu.index.in_(idx),
                                                 Gpu.job_id.is_(None)).values(job_id=job_id))
@@ -314,7 +324,7 @@ def _dispatch(session: Session, job_id: str, owner: str, node: str | None, idx: 
         session.add_all([GpuLease(job_id=job_id, owner_id=owner, node=node, index=i,
                                   start_at=now) for i in idx])
     add_event(session, job_id, "status", event)
-    return True
+    return session.get(Job, job_id)
 
 
 def _write_reasons(session: Session, p, rows, dispatched: set[str]) -> None:

@@ -56,7 +56,7 @@ def test_docker_compose_config_validates():
 
 
 def test_compose_second_machine_layout():
-    """Issue 25: the layout of tests/machines/ (README "Add a machine"): two worker services,
+    """The layout of tests/machines/ (README "Add a machine"): two worker services,
     each with a scratch volume of its own (DRAFTYARD_SCRATCH_DIR), one shared volume at
     DRAFTYARD_HOME for the API and both workers; DB and broker addresses settable for a
     worker on another machine, and published to it only when asked."""

@@ -2,7 +2,8 @@
 (tests/services.py, on free ports, never the ones other tests use), an API process and a worker
 declaring `--gpus 0,1`; a sampler of the process table; the checks every fault test makes.
 
-Issue 17's promises, as checked here after each fault:
+What the deployment promises under faults (docs/API-additions.md, "Never twice: faults and
+recovery"), as checked here after each fault:
 - every job ends exactly once (one terminal status event, and it is `succeeded`);
 - never two stage processes for one job at any moment (the sampler reads /proc every 50 ms:
   processes running `workers.stages` with this deployment's DRAFTYARD_HOME, per DRAFTYARD_JOB_ID,

@@ -1,4 +1,4 @@
-"""Disk full during an artifact write (issue 17): the deployment's home (jobs' work and output
+"""Disk full during an artifact write: the deployment's home (jobs' work and output
 folders, artifacts) is a small tmpfs, nearly filled before an ingest writes its Parquet. The
 job must fail once with a clear error, leave no artifact (no row, nothing half-written), and
 a retry after space is freed must succeed with a whole artifact. Needs root (mount)."""
@@ -49,7 +49,7 @@ def test_disk_full_during_artifact_write_fails_once_cleanly_and_retry_succeeds(s
     (small_fs / "home").mkdir()
     try:
         fs.up()
-        # Another job's artifact, made before the disk fills: it must stay whole (issue 23).
+        # Another job's artifact, made before the disk fills: it must stay whole.
         small = data / "small.jsonl"
         _records(small, 300)
         with fs.client() as c:
@@ -92,7 +92,7 @@ def test_disk_full_during_artifact_write_fails_once_cleanly_and_retry_succeeds(s
                                     {"j": job_id}).all()
 
         # A delete needs no space: on the full disk the other dataset's artifact goes to a
-        # tombstone and its bytes are freed (issue 23).
+        # tombstone and its bytes are freed.
         with fs.client() as c:
             r = c.delete(f"/v1/artifacts/{other_art['id']}")
         assert r.status_code == 200 and r.json()["bytes_freed"] == other_art["bytes"], r.text

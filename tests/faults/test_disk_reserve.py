@@ -1,4 +1,4 @@
-"""Disk reservations on a real small filesystem (issue 23): the deployment's home is a tmpfs.
+"""Disk reservations on a real small filesystem: the deployment's home is a tmpfs.
 Two extracts that each fit alone but not together: the first is placed with its bytes
 reserved, the second waits with the reason ("needs ... on ..., ... free after reservations")
 instead of starting and failing with disk_full; when space is freed (the first's artifact

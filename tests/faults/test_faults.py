@@ -1,4 +1,5 @@
-"""Issue 17's fault suite: PostgreSQL down, Redis down, the API SIGKILLed, the worker's
+"""The fault suite (docs/API-additions.md, "Never twice: faults and recovery"): PostgreSQL
+down, Redis down, the API SIGKILLed, the worker's
 process group SIGKILLed and restarted under the same node name, while GPU probes (worker
 declared `--gpus 0,1`) and CPU probes run and more are submitted. Each fault is followed by
 the checks of tests/faults/harness.py (ends once, never two stage processes for one job, no

@@ -1,4 +1,4 @@
-"""The fault suite's multi-process job (issue 24): a train stage with `nproc: 2` (torchrun,
+"""The fault suite's multi-process job: a train stage with `nproc: 2` (torchrun,
 DDP on gloo, one declared GPU) whose worker's whole process group is SIGKILLed mid-train.
 The probes of test_faults.py are one process each; here the stage has grandchildren that live
 in sessions of their own (torchrun's ranks). Checked on top of the suite's promises (ends once,

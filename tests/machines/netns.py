@@ -1,4 +1,4 @@
-"""Two worker machines on this host (issue 25): network namespaces A and B, each joined to the
+"""Two worker machines on this host: network namespaces A and B, each joined to the
 root namespace by a veth pair of its own, where PostgreSQL, Redis and the API run. The same
 layout as docker-compose.yml and README "Add a machine":
 

@@ -1,4 +1,4 @@
-"""Issue 25: the database's clock decides leases and fencing. Two workers, `a` (the node that
+"""The database's clock decides leases and fencing. Two workers, `a` (the node that
 reaps: first by name) with its clock two minutes off and `b` with the right one, each with one
 GPU; a long GPU probe runs on each. Without one clock, `a` ahead reaps `b`'s job as two
 minutes stale while it runs (and it runs again), and `a` behind looks dead to everyone (its job

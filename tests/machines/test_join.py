@@ -1,4 +1,4 @@
-"""Issue 25: a node joins only if it can work. A worker that does not see the deployment's
+"""A node joins only if it can work. A worker that does not see the deployment's
 shared folder (its DRAFTYARD_HOME is a local folder), or cannot reach the database or the
 broker, refuses to start with a message naming the mount or the address, and never
 registers. On main it registered and took work it could not do (a wrong folder, no broker)

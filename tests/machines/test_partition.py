@@ -1,4 +1,4 @@
-"""Issue 25: a partition. Machine a's link is cut for 30 s while its stage runs (a GPU probe).
+"""A partition. Machine a's link is cut for 30 s while its stage runs (a GPU probe).
 a's supervisor cannot reach the database; it gives up after give_up_s and kills its stage;
 the reaper (b's, by the database's clock) requeues the job once its heartbeat is fence_s old;
 b runs it. Checked: the job ends exactly once, succeeded, on b; never two stage processes of

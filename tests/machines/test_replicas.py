@@ -1,4 +1,4 @@
-"""Issue 25: two API replicas (two processes, two ports) on one database, as behind a load
+"""Two API replicas (two processes, two ports) on one database, as behind a load
 balancer. Every webhook event is delivered once though both run the outbox sender (rows are
 claimed FOR UPDATE SKIP LOCKED with a lease: app/webhooks/sender.py); one Idempotency-Key sent
 to both replicas at once makes one job; an SSE stream follows a job accepted by the other

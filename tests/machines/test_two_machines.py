@@ -1,4 +1,4 @@
-"""Issue 25: two worker machines (network namespaces a and b, tests/machines/netns.py) on one
+"""Two worker machines (network namespaces a and b, tests/machines/netns.py) on one
 database, one broker and one shared folder, each with node-local scratch the other cannot see.
 a is the GPU box (`--gpus 0`, DRAFTYARD_CPU_SLOTS=0: GPU stages only), b the CPU box.
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.scheduler.policy import NodeState, Usage, Waiting, could_matter, job_order, plan
+from app.scheduler.policy import (NodeState, Usage, Waiting, could_matter, few_that_matter,
+                                  job_order, plan)
 
 NOW = 1_000_000.0
 
@@ -339,10 +340,16 @@ def test_never_oversubscribes_and_respects_every_rule(case):
     part = plan(few, nodes, usage, now=NOW, quota=quota, backfill_bound_s=500, cpu_free=cpu,
                 top=0)
     assert part.dispatch == full.dispatch
+    # and so do each owner's first fit_counts[g] g-GPU jobs (what PostgreSQL reads)
+    fewer = few_that_matter(sorted(jobs, key=job_order), nodes, cpu, NOW, 500)
+    assert {j.id for j in fewer} <= {j.id for j in few}
+    least = plan(fewer, nodes, usage, now=NOW, quota=quota, backfill_bound_s=500,
+                 cpu_free=cpu, top=0, presorted=True)
+    assert least.dispatch == full.dispatch
 
 
 def test_one_user_cannot_take_every_cpu_slot_while_another_waits():
-    """Issue 17: two long probes of one user held every CPU slot and ingests starved. While
+    """Two long probes of one user held every CPU slot and ingests starved. While
     another user's CPU job waits, a user holds at most all the slots but one."""
     p = plan([job("a2", "a", 0, age=100), job("b1", "b", 0, age=1)], [],
              {"a": Usage(cpu_held=1)}, now=NOW, cpu_free=1)

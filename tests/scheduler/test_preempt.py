@@ -76,3 +76,19 @@ def test_a_plan_holds_the_node_for_the_job_preemption_frees_it_for():
     nodes = [NodeState("n", [0, 1], 2)]
     p = plan(waiting, nodes, {}, now=NOW, held_for={"n": "urgent"})
     assert p.dispatch[0] == ("urgent", "n", [0, 1])
+
+
+def test_a_node_held_back_for_an_aged_job_is_not_preempted_for_another():
+    """A node the plan holds back for an aged job (Schedule.reserved) starts nothing else, so
+    preemption does not free it for another waiter; the aged job itself may preempt there."""
+    holders = {"n": [h("low", 10, [0, 1])], "m": [h("low2", 10, [0, 1])]}
+    got = [(c.waiter, c.node) for c in choose([("urgent", 90, 2)], {"n": 0, "m": 0},
+                                              {"n": 2, "m": 2}, holders, now=NOW,
+                                              max_per_hour=2, reserved={"n": "aged"})]
+    assert got == [("urgent", "m")]
+    assert pick([("urgent", 90, 2)], {"n": holders["n"]}) == [("urgent", "n", ["low"])]
+    only_n = {"n": holders["n"]}
+    assert choose([("urgent", 90, 2)], {"n": 0}, {"n": 2}, only_n, now=NOW, max_per_hour=2,
+                  reserved={"n": "aged"}) == []
+    assert [c.waiter for c in choose([("aged", 90, 2)], {"n": 0}, {"n": 2}, only_n, now=NOW,
+                                     max_per_hour=2, reserved={"n": "aged"})] == ["aged"]

@@ -5,16 +5,17 @@ jobs that could change a placement."""
 
 from __future__ import annotations
 
+import random
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import insert
+from sqlalchemy import insert, text
 from sqlalchemy.orm import Session
 
 from app.models import Job, User
-from app.scheduler.policy import Waiting, job_order
-from app.scheduler.reads import (GPUS, HELD, ID, PRIO, QAT, RESERVES_DISK, STATUS, UNSET,
-                                 queued_in_order, waiting_rows)
+from app.scheduler.policy import NodeState, Waiting, few_that_matter, fit_counts, job_order
+from app.scheduler.reads import (GPUS, HELD, ID, OWNER, PRIO, QAT, RESERVES_DISK, STATUS,
+                                 UNSET, queued_in_order, waiting_rows)
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -99,3 +100,55 @@ def test_an_empty_or_single_queue(db, n):
                                   "queued_at": T0}])
     assert [r[ID] for r in queued_in_order(waiting_rows(db, False, (8, True, 0.0)))] == \
         ["job_one"] * n
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_postgresql_reads_the_jobs_few_that_matter_keeps(db, seed):
+    """The placement-only read on PostgreSQL (reads._FEW_PG, through the partial indexes of
+    migration s40_queue_indexes) returns exactly the queued jobs `policy.few_that_matter`
+    keeps, plus the pending ones: each owner's first fit_counts[g] g-GPU jobs in the policy's
+    order (ties on priority and age broken by id as Python compares it), the aged ones, the
+    CPU ones while a slot is free, the jobs a preemption frees a node for."""
+    rng = random.Random(seed)
+    owners = ["usr_fa", "usr_fb", "usr_Fc"]
+    db.execute(insert(User), [{"id": o, "name": o, "role": "member"} for o in owners])
+    rows = [{"id": f"job_{rng.choice('aAbB_')}{i:03d}", "type": "probe",
+             "owner_id": rng.choice(owners),
+             "status": "pending" if rng.random() < 0.05 else "queued",
+             "priority": rng.choice([30, 50, 70]), "gpus_requested": rng.randint(0, 5),
+             "held": rng.random() < 0.1,
+             "queued_at": T0 - timedelta(seconds=rng.choice([10, 10, 20, 400, 900]))}
+            for i in range(150)]
+    db.execute(insert(Job), rows)
+    db.flush()
+    nodes = [NodeState(f"n{k}", rng.sample(range(8), rng.randint(0, 4)), 8)
+             for k in range(rng.randint(1, 3))]
+    caps, cpu = fit_counts(nodes), rng.random() < 0.5
+    keep = {rng.choice([r["id"] for r in rows])}
+    now, bound = T0.timestamp(), 300.0
+    only = (len(caps) - 1, cpu, now - bound)
+    got = waiting_rows(db, False, only, (caps, keep))
+    ws = [Waiting(r[ID], r[OWNER], r[PRIO], r[GPUS], r[QAT], r[HELD])
+          for r in queued_in_order(waiting_rows(db, True))]
+    want = few_that_matter(ws, nodes, int(cpu), now, bound, keep)
+    assert sorted(r[ID] for r in got) == sorted(
+        [w.id for w in want] + [r["id"] for r in rows if r["status"] == "pending"])
+    assert len(got) == len({r[ID] for r in got})
+    assert len(want) < len(ws)
+
+
+def test_no_node_reason_never_reuses_a_too_small_answer(db):
+    """The submit-time check (reads.no_gpu_node_reason) reuses only a recent 'a node is big
+    enough' answer: a job no node fits is told so at once, and a node that joins is seen by
+    the next submit."""
+    from app.cluster.service import register_node
+    from app.scheduler.reads import no_gpu_node_reason
+
+    db.execute(text("DELETE FROM nodes"))
+    assert "no schedulable node" in (no_gpu_node_reason(db, 1) or "")
+    register_node(db, "r1", [{"index": i} for i in range(2)], hostname="t", cpu_slots=0,
+                  info={})
+    db.flush()
+    assert no_gpu_node_reason(db, 2) is None
+    assert "largest schedulable node has 2" in (no_gpu_node_reason(db, 4) or "")
+    assert no_gpu_node_reason(db, 1) is None

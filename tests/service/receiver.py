@@ -1,7 +1,7 @@
 """A real HTTP receiver for webhook tests: records every request and answers 500 to the first
 `fail_first` of them (else `code`, with `body` and `headers`). It listens on 127.0.0.2, the
 address the tests' DRAFTYARD_WEBHOOK_ALLOWED_HOSTS allows (tests/conftest.py): webhooks reach
-no internal address an admin did not allow (issue 26 item 2)."""
+no internal address an admin did not allow."""
 
 from __future__ import annotations
 

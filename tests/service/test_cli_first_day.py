@@ -1,4 +1,4 @@
-"""The CLI on a team's first day (issue 27): a run body written from names, tables whose ids
+"""The CLI on a team's first day: a run body written from names, tables whose ids
 can be copied at 80 columns, and failures that are one line naming the cause."""
 
 from __future__ import annotations

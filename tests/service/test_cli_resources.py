@@ -66,7 +66,7 @@ def test_artifacts_pull_and_users_add(api, reported_run, tmp_path):
 
 
 def test_webhooks_commands(api, worker):
-    """The CLI against POST/GET/DELETE /v1/webhooks (issue 16)."""
+    """The CLI against POST/GET/DELETE /v1/webhooks."""
     r = cli(api, "webhooks", "add", "http://127.0.0.2:9/hook", "--event", "job.succeeded",
             "--json")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -43,7 +43,7 @@ def test_page_is_served_without_a_token(server):
     r = httpx.get(f"{server}/ui")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert "<title>draftyard</title>" in r.text
-    # issue 17: a CSP with no inline script, and no framing by other sites
+    # A CSP with no inline script, and no framing by other sites
     csp = r.headers["content-security-policy"]
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp.split("style-src-attr")[0]
     assert "frame-ancestors 'none'" in csp and r.headers["x-frame-options"] == "DENY"

@@ -1,4 +1,4 @@
-"""The dashboard acts (issue 27), in a real headless Chromium against the real API: cancel,
+"""The dashboard acts, in a real headless Chromium against the real API: cancel,
 retry, hold/release and priority on the job page and the run page, each after a
 confirmation; failed datasets with their reason and a link to the failed job; a live log
 tail; sparklines that stay in their row with 1-3 points; the real token file in the token

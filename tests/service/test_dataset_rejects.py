@@ -1,4 +1,4 @@
-"""GET /v1/datasets/{id}/rejects (issue 22): every reject of an ingest, a page at a time, in
+"""GET /v1/datasets/{id}/rejects: every reject of an ingest, a page at a time, in
 input order, with a cursor that reads only the page (the dataset's `rejected_sample` holds 20)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Embedded mode (SQLite): a read-only transaction reads beside the writer instead of queueing
-on SQLite's write lock; a transaction that may write still takes it at BEGIN (issue #14)."""
+on SQLite's write lock; a transaction that may write still takes it at BEGIN."""
 
 from __future__ import annotations
 

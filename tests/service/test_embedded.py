@@ -31,7 +31,7 @@ def test_embedded_mode_runs_a_probe_without_postgres_or_redis(embedded):
     assert final["node"] == embedded.node
     assert (embedded.home / "draftyard.db").exists()
     assert final["metrics_summary"]["python"]
-    # The team directory and the run report on SQLite too (issue 16).
+    # The team directory and the run report on SQLite too.
     users = c.get("/v1/users").json()["data"]
     assert "admin" in [u["role"] for u in users], users
     r = c.get("/v1/runs/run_nope/report")

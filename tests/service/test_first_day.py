@@ -1,4 +1,4 @@
-"""A team's first day (issue 27) through the real service: a GPU job or run stage with no node
+"""A team's first day through the real service: a GPU job or run stage with no node
 to run on says so at once; names where users think in names; errors that name the cause. On
 both backends (tests/conftest.py both_backends)."""
 

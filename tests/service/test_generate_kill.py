@@ -1,4 +1,5 @@
-"""Issue 5 through the service: SIGKILL the worker in the middle of a generate job; the
+"""A worker killed mid-generate, through the service: SIGKILL the worker in the middle of a
+generate job; the
 job is retried (the reaper requeues it onto another worker) and its output holds every input
 record exactly once, the shards written before the kill kept, not redone.
 

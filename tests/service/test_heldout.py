@@ -1,4 +1,4 @@
-"""Held-out evaluation by default (issue 27): the README's Python snippet, with no evaluation
+"""Held-out evaluation by default: the README's Python snippet, with no evaluation
 set, measures its drafter on records it never trained on and says so; the same drafter
 measured on the records it trained on (in-sample) gets another tau."""
 

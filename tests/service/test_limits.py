@@ -1,4 +1,4 @@
-"""Issue 17 item 5 and 6: the limits hold on what arrives, not on what the client declares.
+"""The limits hold on what arrives, not on what the client declares.
 One throwaway API (tests/service/stack.py) with small caps and, where this process may mount,
 a 512 KiB tmpfs as its upload storage (disk full)."""
 
@@ -166,7 +166,7 @@ def test_concurrent_plans_are_bounded(small):
 
 def test_one_user_cannot_hold_every_cpu_slot_while_another_waits(api, member, worker):
     """The session's worker has two CPU slots. A runs two probes; when the short one ends,
-    B's waiting job gets the slot before A's older one (issue 17: two long probes of one
+    B's waiting job gets the slot before A's older one (two long probes of one
     user held every slot and ingests starved)."""
     from tests.conftest import wait_for
 

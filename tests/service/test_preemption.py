@@ -1,4 +1,4 @@
-"""Preemption end to end (issue 16): two users, one node declaring 2 GPUs. A low-priority
+"""Preemption end to end: two users, one node declaring 2 GPUs. A low-priority
 train run holds both; a higher-priority job arrives and starts within START_BOUND_S; the
 train job checkpoints on SIGTERM, is requeued (same job, attempt 2, a `preempted` event
 naming the job that took its GPUs), resumes from its checkpoint and ends with the step
@@ -68,7 +68,7 @@ def _train_run(st: Stack, c) -> dict:
 
 
 def _grant(st: Stack, name: str, max_priority: int) -> None:
-    """Priorities above the members' 50 are granted per user by an admin (issue 26)."""
+    """Priorities above the members' 50 are granted per user by an admin."""
     with st.client() as admin:
         uid = next(u["id"] for u in admin.get("/v1/users", params={"limit": 100})
                    .json()["data"] if u["name"] == name)

@@ -1,4 +1,4 @@
-"""Progress at scale (issue 22): a stage that reports progress as fast as it likes gets at most
+"""Progress at scale: a stage that reports progress as fast as it likes gets at most
 about one progress event row per second of its run in the database, the first and the final
 report always, while the job's `progress` field follows every report."""
 

@@ -1,4 +1,4 @@
-"""Issue 25: the run report names the node each stage ran on, in `stages` and in `lineage`
+"""The run report names the node each stage ran on, in `stages` and in `lineage`
 (the run's input dataset through its ingest job). In-process, on the test database."""
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ def test_plan_checks_layers_disk_and_thinking(api, worker, target, home):
 def test_the_plan_of_a_run_holds_no_db_transaction(api, worker, target, home):
     """POST /v1/runs runs the plan (seconds, up to 120) before its transaction begins: no
     connection of the API sits idle in a transaction meanwhile (in embedded mode that
-    transaction held SQLite's write lock for the whole plan, issue #14)."""
+    transaction held SQLite's write lock for the whole plan)."""
     import threading
 
     from sqlalchemy import text

@@ -1,4 +1,4 @@
-"""The seeds' target family through the whole service (issue 18).
+"""The seeds' target family through the whole service.
 
 A tiny random `Qwen3_5ForCausalLM` (layer_types linear x3 + full, as Qwen3.6-27B per four
 layers), the real Qwen3 tokenizer and the Qwen3.6 template from the fixtures; whitespace-only

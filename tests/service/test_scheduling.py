@@ -1,4 +1,4 @@
-"""GPU scheduling end to end (issue 10): real API, Redis, PostgreSQL and two worker processes
+"""GPU scheduling end to end: real API, Redis, PostgreSQL and two worker processes
 that each declare 8 GPUs (`--gpus 0,...,7`) and act as two boxes.
 
 The module's two nodes (`sA`, `sB`) are its own: other tests' GPU-less jobs may land on them

@@ -1,4 +1,4 @@
-"""schemathesis over `/openapi.json` (issue 17): every operation, cases generated from its
+"""schemathesis over `/openapi.json`: every operation, cases generated from its
 schema (valid and invalid), with an admin token, against the real API: 0 server errors, and
 every 4xx carries the error object. Bounded budget: MAX_EXAMPLES cases per operation
 (`make test-all`; marker slow). The run prints the case count."""

@@ -1,4 +1,4 @@
-"""Issue 17 (security part): a member reads only what the server was told to expose, one
+"""A member reads only what the server was told to expose, one
 request cannot break listings for everyone, and bad input is never a 500."""
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def test_a_mix_seed_beyond_64_bits_is_422(api):
         api.post(f"/v1/jobs/{up.json()['job_id']}/cancel")
 
 
-# ---- issue 26 finding 1: no code from a request -------------------------------------------
+# ---- no code from a request (docs/API-additions.md) ------------------------------------
 
 # What a member could once send to run a program on the worker, and each field's name.
 CODE_FIELDS = [
@@ -296,7 +296,7 @@ CODE_FIELDS = [
 @pytest.mark.parametrize("type_, params, field", CODE_FIELDS, ids=[f[2] for f in CODE_FIELDS])
 def test_a_job_cannot_name_a_program_interpreter_module_or_flag(api, member, home, type_,
                                                                params, field):
-    """The repro of issue 26 (a member ran `/bin/sh` as the worker's user through
+    """The repro of a reported escape (a member ran `/bin/sh` as the worker's user through
     params.vllm.executable) and its class: 422 naming the field, before anything is queued;
     nothing ran (no marker anywhere under the server's home)."""
     def newest() -> list[str]:  # ids only: an earlier test's job may still change status

@@ -1,4 +1,4 @@
-"""Issue 26 item 3: no request without a token makes the API hold more than a few KiB, and a
+"""No request without a token makes the API hold more than a few KiB, and a
 Content-Type does not choose a route's body cap.
 
 One throwaway API with the default caps (2 GiB uploads, 8 MiB JSON): the memory it holds is

@@ -1,4 +1,4 @@
-"""Issue 26 items 4 and 6: no job held by a dead worker, and no member preempting others at
+"""No job held by a dead worker, and no member preempting others at
 will."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 26 item 7 (the rest): a token in a URL stays out of the access log, a dataset
+"""A token in a URL stays out of the access log, a dataset
 registered by path is held to the decompressed-bytes cap uploads are, and dispatch resumes
 within ~2 s once Redis is back."""
 

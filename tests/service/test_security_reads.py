@@ -1,4 +1,4 @@
-"""Issue 26 items 5 and 7 (reads): one member's stored text does not burden everyone's
+"""One member's stored text does not burden everyone's
 listings, and members never see the server's folders in target and artifact reads."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 26 item 2: webhooks reach no internal service and read nothing back from one (SSRF).
+"""Webhooks reach no internal service and read nothing back from one (SSRF).
 
 The tests' receivers listen on 127.0.0.2, which DRAFTYARD_WEBHOOK_ALLOWED_HOSTS allows
 (tests/conftest.py); every other internal address stays refused, at registration where it

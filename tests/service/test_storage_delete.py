@@ -1,4 +1,4 @@
-"""Deleting artifacts and datasets (issue 23): refused while a live job needs them, tombstones
+"""Deleting artifacts and datasets: refused while a live job needs them, tombstones
 that keep lineage, a clear error for later jobs, reuse that misses a tombstone, and a delete
 interrupted by SIGKILL that leaves either the artifact or its tombstone."""
 
@@ -46,7 +46,7 @@ def _waiting_job(client, target: dict, dataset_ref) -> dict:
 def test_delete_refused_while_needed_then_tombstone_keeps_lineage(api, worker, member, target):
     d = _dataset(member, f"del-{uuid.uuid4().hex[:4]}")
     art_id = d["artifact_id"]
-    # the folder from an admin's read: members see `artifacts:<rel>` (issue 26 item 7)
+    # the folder from an admin's read: members see `artifacts:<rel>`
     art = api.get(f"/v1/artifacts/{art_id}").json()
     assert art["bytes"] > 0 and art["deleted_at"] is None and Path(art["uri"]).is_dir()
     # A run's later stage names an earlier one as {"job": ...}: that counts as needing it.

@@ -1,5 +1,5 @@
 """A config-only target (config.json and a tokenizer, no weight files) is refused at submit for
-every job type that loads its weights (issue 22 item 3), naming inputs.target, the target and
+every job type that loads its weights, naming inputs.target, the target and
 why; prepare, which needs only the tokenizer, is still accepted. In-process on the rolled-back
 DB fixture, plus one request through the API for the error's shape."""
 

@@ -1,4 +1,4 @@
-"""Webhooks end to end (issue 16): a real receiver on 127.0.0.2 (which the tests'
+"""Webhooks end to end: a real receiver on 127.0.0.2 (which the tests'
 DRAFTYARD_WEBHOOK_ALLOWED_HOSTS allows) that fails the first two deliveries, and an API
 restart while an event waits in the outbox: every event arrives, signed, exactly once per
 event id."""

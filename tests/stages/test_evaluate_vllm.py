@@ -139,7 +139,10 @@ STAND_IN = textwrap.dedent('''
                 state["accepted"] += a
                 for i in range(a):
                     state["pos"][i] += 1
-            self._send(200, json.dumps({"usage": {"completion_tokens": body["max_tokens"]}}))
+            assert body["return_token_ids"] is True
+            ids = [len(body["prompt"]) + i for i in range(body["max_tokens"])]
+            self._send(200, json.dumps({"usage": {"completion_tokens": body["max_tokens"]},
+                                        "choices": [{"text": "", "token_ids": ids}]}))
 
     HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 ''')
@@ -151,12 +154,14 @@ def test_measure_lifecycle_against_stand_in_server(tmp_path: Path):
     port = _free_port()
     res = measure_with_vllm("t", "d", "dflash", 3, [[1, 2, 3]] * 5, 16, tmp_path,
                             port=port, command=[sys.executable, str(script), str(port)],
-                            startup_timeout_s=30)
+                            startup_timeout_s=30, keep_outputs=True)
     # 5 measured requests x 4 drafts; the warm-up request is differenced away
     assert res["num_drafts"] == 20
     assert res["tau"] == pytest.approx(1 + 6 / 4)
     assert res["acceptance_rate_per_position"] == pytest.approx([0.75, 0.5, 0.25])
     assert res["generated_tokens"] == 80 and res["prompts"] == 5
+    # The generated token ids of each measured prompt, in prompt order (not the warm-up's).
+    assert res["outputs"] == [list(range(3, 19))] * 5
 
 
 def test_server_is_stopped_and_startup_failure_is_typed(tmp_path: Path):

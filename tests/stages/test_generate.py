@@ -242,7 +242,7 @@ def test_failures_are_recorded_and_budgeted(tiny_target, tmp_path):
     with pytest.raises(StageError) as e:
         run_stage(spec)
     assert e.value.code == "too_many_failures"
-    # The error names the records, their input lines, reasons and messages (issue 18) ...
+    # The error names the records, their input lines, reasons and messages ...
     d = e.value.details
     assert d["num_failed"] == 2 and d["failed"] == 2 and d["total"] == 4
     assert d["failed_by_reason"] == {"prompt_too_long": 1, "nothing_to_generate": 1}

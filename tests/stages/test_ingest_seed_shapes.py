@@ -1,4 +1,4 @@
-"""Ingest of the seed datasets' native shapes that it learned for issue 22: the flat
+"""Ingest of the seed datasets' native shapes that it learned at the seeds' scale: the flat
 OpenAssistant message export (one row per message, as jsonl and as the HF parquet with its
 float `rank` column) and LIMA's `conversations` as a list of strings."""
 

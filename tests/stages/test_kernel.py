@@ -1,4 +1,4 @@
-"""The stage kernel (issue #14): one shape of a params or input error for every stage, through
+"""The stage kernel: one shape of a params or input error for every stage, through
 the real entry point; one validity rule of target layer ids wherever ids are checked; the
 resumable scratch folder and the publishing of a finished one."""
 

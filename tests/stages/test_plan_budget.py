@@ -1,5 +1,5 @@
 """plan: the records it finds unrenderable, against the failure budget of the stage that would
-meet them first (issue 18: with force_plan such a run otherwise stops in generate)."""
+meet them first (with force_plan such a run otherwise stops in generate)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The plan's time estimates (issue 22): per stage GPU-hours, wall on the run's GPUs and disk,
+"""The plan's time estimates: per stage GPU-hours, wall on the run's GPUs and disk,
 from rates it names (overridable per deployment), and a config-only target refused for the
 stages that run it."""
 

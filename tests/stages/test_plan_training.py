@@ -1,4 +1,4 @@
-"""The plan's training estimate (issue 27): steps from records, tokens per step, epochs and
+"""The plan's training estimate: steps from records, tokens per step, epochs and
 max_steps, and a warning when max_steps cannot be reached."""
 
 from __future__ import annotations

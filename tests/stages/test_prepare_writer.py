@@ -1,4 +1,4 @@
-"""prepare's TokenizedWriter: the `save_to_disk` folder written while streaming (issue 22)."""
+"""prepare's TokenizedWriter: the `save_to_disk` folder written while streaming."""
 
 from __future__ import annotations
 

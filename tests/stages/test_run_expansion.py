@@ -1,5 +1,5 @@
 """One run expansion (contracts/run.py) for POST /v1/runs, its params check and the plan
-stage: the plan checks exactly the jobs the run submits (issue #14)."""
+stage: the plan checks exactly the jobs the run submits."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_thinking_mode_is_pinned_for_every_template_stage(tmp_path):
 
 
 def test_a_run_without_evaluation_data_holds_records_out_before_any_stage_reads_them():
-    """Issue 27: evaluate measured on the rows train fit, and nothing said so."""
+    """Evaluate measured on the rows train fit, and nothing said so."""
     jobs = check_params(RunCreate.model_validate(_run(seed=7, stages={
         "generate": {"max_tokens": 8}})))
     by = {j.stage: j for j in jobs}

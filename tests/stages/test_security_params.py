@@ -1,4 +1,4 @@
-"""No code from a request (issue 26): every job type's params and inputs, walked from the
+"""No code from a request: every job type's params and inputs, walked from the
 registry the API validates with (not a hand list), and every free-form or path-like field in
 them (strings, lists of strings, free dicts):
 

@@ -1,4 +1,4 @@
-"""The `split` stage (issue 27): a seeded held-out share of a dataset, before any stage
+"""The `split` stage: a seeded held-out share of a dataset, before any stage
 trains on it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The streaming stages' memory does not grow with their records (issue 22)."""
+"""The streaming stages' memory does not grow with their records."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Nothing a job starts outlives it (issue 24): a train stage with `nproc: 2` (torchrun, DDP
+"""Nothing a job starts outlives it: a train stage with `nproc: 2` (torchrun, DDP
 on gloo; torchrun puts each rank in a session of its own) is SIGKILLed mid-train, either its
 process group (what the supervisor's grace ends with, what the OOM killer does) or the whole
 process group of the worker that supervises it. Within 5 s no process of the job is left

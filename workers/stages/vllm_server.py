@@ -125,17 +125,43 @@ _EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception): .*")
 _NOT_ERRORS = (" WARNING ", " INFO ", " DEBUG ")  # e.g. the ulimit warning quotes an OSError
 
 
+# pydantic's summary line ("1 validation error for VllmConfig") says only where; its cause is
+# on the indented line after it: "  Value error, <vLLM's reason> [type=value_error, ...]".
+_VALIDATION = re.compile(r"\d+ validation errors? for ")
+_VALIDATION_DETAIL = re.compile(r"^\s+(?:Value error, )?(.*?)\s*(?:\[type=.*)?$")
+
+
 def failure_reason(log: str) -> str | None:
     """The first exception line of a server log that names a cause, to put in the error's
     message (the whole tail stays in the details): vLLM logs the root cause first, then each
-    process that dies of it says so again in vaguer terms."""
-    for line in log.splitlines():
+    process that dies of it says so again in vaguer terms. A pydantic ValidationError (vLLM
+    checks its config with pydantic, e.g. a speculative method its model runner does not
+    support) gets its first error's text appended."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
         low = line.lower()
         if (any(m in line for m in _REASON_MARKERS) and not any(p in low for p in _POINTERS)
                 and not any(n in line for n in _NOT_ERRORS)):
             # From the exception's name on, without vLLM's "(Worker pid=..) ERROR ..." prefix.
             m = _EXCEPTION.search(line)
-            return (m.group(0) if m else line.strip())[:500]
+            why = m.group(0) if m else line.strip()
+            if _VALIDATION.search(why):
+                detail = _validation_detail(lines[i + 1:i + 4])
+                why += f": {detail}" if detail else ""
+            return why[:500]
+    return None
+
+
+def _validation_detail(after: list[str]) -> str | None:
+    """The first error of a pydantic ValidationError from the lines after its summary: the
+    indented `Value error, ...` line of a model-level check, or the indented message under
+    a field's name."""
+    for line in after:
+        m = _VALIDATION_DETAIL.match(line)
+        if m and " " in m.group(1) and not m.group(1).startswith("For further information"):
+            return m.group(1)
+        if m is None and (not line.strip() or " " in line.strip()):
+            return None  # neither a field's name nor its message: the error's lines are over
     return None
 
 

@@ -44,7 +44,7 @@ def vllm_venv() -> Path:
 
 
 def vllm_setting() -> dict[str, str]:
-    """The server setting that runs this venv's vLLM (a job cannot name one, issue 26)."""
+    """The server setting that runs this venv's vLLM (a job cannot name one)."""
     venv = Path(os.environ.get("DRAFTYARD_VLLM_VENV") or REPO / ".venv-vllm")
     return {"DRAFTYARD_VLLM_COMMAND": f"{venv / 'bin' / 'vllm'} serve"}
 

