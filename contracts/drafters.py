@@ -77,6 +77,23 @@ class PEagleOptions(DrafterOptions):
         return self.num_depths
 
 
+class DSparkOptions(DFlashOptions):
+    # DFlash's block, every slot drafting (speculators' sample_from_anchor, its DSpark
+    # default): the anchor slot predicts the next token too, so a block drafts block_size.
+
+    def speculative_tokens(self) -> int:
+        return self.block_size
+
+
+class MTPOptions(DrafterOptions):
+    # Steps the target's MTP layer is unrolled (speculators' --num-speculative-steps,
+    # default 3), each feeding its output hidden state to the next.
+    num_speculative_steps: int = 3
+
+    def speculative_tokens(self) -> int:
+        return self.num_speculative_steps
+
+
 def _dflash_layers(n: int) -> list[int]:
     """Five layers evenly spaced from layer 1 to N-3 in z-lab's numbering (their id j is the
     *output* of layer j), i.e. j + 1 in ours; this is how speculators' DFlash converter maps
@@ -100,6 +117,8 @@ class Impl(StrEnum):
     DFLASH = "dflash"
     EAGLE3 = "eagle3"
     PEAGLE = "peagle"
+    DSPARK = "dspark"
+    MTP = "mtp"
 
 
 @dataclass(frozen=True)
@@ -129,6 +148,10 @@ class DrafterDef:
     # --speculative-config needs (docs/methods.md says where each comes from).
     vllm_method: str = ""
     vllm_options: Mapping[str, Any] = field(default_factory=dict)
+    # Fine-tunes the target's own multi-token-prediction layers, so only a target whose
+    # config has `mtp_num_hidden_layers` >= 1 can have it; vLLM serves it from the target
+    # checkpoint (the artifact's `served_target/` carries the trained weights).
+    target_mtp: bool = False
 
     def __post_init__(self) -> None:
         for key in ("train", "evaluate", "vllm_method"):
@@ -143,6 +166,9 @@ class DrafterDef:
 
 
 DEFAULT_DRAFTER = "dflash"
+# The folder inside a target_mtp drafter's artifact that vLLM serves as the target: the
+# target's files with the trained MTP layers in place (workers/stages/train/build.py).
+SERVED_TARGET = "served_target"
 DRAFTERS: dict[str, DrafterDef] = {}
 
 
@@ -206,6 +232,19 @@ def default_layer_ids(drafter_type: str, num_layers: int) -> list[int]:
     return out
 
 
+def target_problem(drafter_type: str, config: Mapping[str, Any]) -> str | None:
+    """Why a target (its config.json) cannot have a drafter of this type, or None."""
+    d = drafter(drafter_type)
+    if d.target_mtp:
+        text = config.get("text_config") or config
+        n = text.get("mtp_num_hidden_layers", config.get("mtp_num_hidden_layers"))
+        if not (isinstance(n, int) and n >= 1):
+            return (f"{d.name} fine-tunes the target's own multi-token-prediction layers, "
+                    f"but the target config has mtp_num_hidden_layers={n} (Qwen3.5/3.6 "
+                    "checkpoints carry them); pick another drafter type")
+    return None
+
+
 def _known(name: str) -> str:
     drafter(name)
     return name
@@ -228,3 +267,12 @@ register(DrafterDef("eagle3", Eagle3Options, _eagle3_layers, draft_arch="llama",
 # its EAGLE-3 proposer in parallel-drafting mode (docs/methods.md).
 register(DrafterDef("peagle", PEagleOptions, _eagle3_layers, draft_arch="qwen3", shifted=True,
                     vllm_method="eagle3", vllm_options={"parallel_drafting": True}))
+# DSpark: DFlash's backbone and inputs plus a low-rank Markov logit-bias head conditioned on
+# the previous token of the block (and a confidence head); vLLM has a `dspark` method.
+register(DrafterDef("dspark", DSparkOptions, _dflash_layers, draft_arch="qwen3",
+                    position_weighting=True))
+# MTP: the target's native multi-token-prediction layer (Qwen3.5/3.6), fine-tuned on the
+# input of the target's final norm, unrolled num_speculative_steps times. It reads no aux
+# layer; one is stored all the same (layer N-1: every stored set lists at least one).
+register(DrafterDef("mtp", MTPOptions, lambda n: [n - 1], draft_arch="", default_loss="ce",
+                    modes=frozenset({"offline"}), target_mtp=True))

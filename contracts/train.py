@@ -37,6 +37,7 @@ class DrafterParams(_Strict):
     num_anchors: int | None = Field(None, ge=1, le=65536)
     ttt_steps: int | None = Field(None, ge=1, le=16)
     num_depths: int | None = Field(None, ge=2, le=16)
+    num_speculative_steps: int | None = Field(None, ge=1, le=16)
     mask_token_id: int | None = Field(None, ge=0)
     # Aux layer ids; None = the hidden_states artifact's `layer_ids` (offline) or the
     # extract stage's default for this drafter type (online).

@@ -15,7 +15,7 @@ from app.core.errors import Invalid
 from app.runs.schemas import RunCreate
 from app.runs.service import check_params
 from contracts.drafters import (DRAFTERS, DrafterDef, DrafterOptions, default_layer_ids,
-                                option_fields, registered)
+                                option_fields, registered, target_problem)
 from contracts.extract import ExtractParams
 from contracts.run import RunSpec
 from contracts.train import DrafterParams, TrainParams
@@ -41,7 +41,7 @@ def _enum(model, *path: str) -> list[str]:
 
 def test_every_list_of_drafter_types_is_the_registry():
     types = list(DRAFTERS)
-    assert types == ["dflash", "eagle3", "peagle"]
+    assert types == ["dflash", "eagle3", "peagle", "dspark", "mtp"]
     assert _enum(ExtractParams, "properties", "drafter_type") == types
     assert _enum(DrafterParams, "properties", "type") == types
     assert _enum(RunSpec, "properties", "drafter", "properties", "type") == types
@@ -98,7 +98,7 @@ def test_a_drafter_registered_in_one_place_is_taken_everywhere(fake, tmp_path):
     p = TrainParams.model_validate({"mode": "online", "drafter": {"type": "fakedraft"}})
     assert (p.drafter.ttt_steps, p.drafter.speculative_tokens, p.loss_fn) == (2, 3, "kl_div")
     assert p.drafter.block_size is None
-    with pytest.raises(ValueError, match="block_size applies to dflash only"):
+    with pytest.raises(ValueError, match="block_size applies to dflash and dspark only"):
         DrafterParams(type="fakedraft", block_size=4)
     # evaluate: a checkpoint of the type is read through its proposer's layout
     ckpt = tmp_path / "ckpt"
@@ -156,3 +156,13 @@ def test_product_code_outside_contracts_spells_no_drafter_type():
             found += [f"{f.relative_to(root)}:{n.lineno}: {n.value!r}" for n in ast.walk(tree)
                       if isinstance(n, ast.Constant) and n.value in names and id(n) not in docs]
     assert not found, "drafter types spelled outside contracts/:\n" + "\n".join(found)
+
+
+def test_mtp_is_refused_by_the_plan_on_a_target_without_mtp_layers(tmp_path):
+    """MTP fine-tunes the target's own MTP layers: a target config without
+    `mtp_num_hidden_layers` cannot have it, and the plan's check says why."""
+    checks = _plan(_run(drafter={"type": "mtp", "draft_vocab_size": None}), tmp_path)
+    assert not checks["drafter_params"]["ok"]
+    assert "mtp_num_hidden_layers=None" in checks["drafter_params"]["message"]
+    assert target_problem("mtp", {"text_config": {"mtp_num_hidden_layers": 1}}) is None
+    assert target_problem("dflash", TARGET["config"]) is None

@@ -41,7 +41,7 @@ def test_params_name_the_bad_field():
     assert "lr" in _invalid({"drafter": {"type": "dflash"}, "lr": 0}).message
     assert "seq_length" in _invalid({"drafter": {"type": "eagle3"}, "seq_length": 8}).message
     e = _invalid({"drafter": {"type": "eagle3", "block_size": 8}})
-    assert "block_size applies to dflash only" in e.message
+    assert "block_size applies to dflash and dspark only" in e.message
     assert "ttt_steps applies to eagle3" in _invalid(
         {"drafter": {"type": "dflash", "ttt_steps": 3}}).message
     assert "eval_every needs val_fraction" in _invalid(

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from contracts.drafters import DEFAULT_DRAFTER
+from contracts.drafters import DEFAULT_DRAFTER, target_problem
 from contracts.jobtypes import JOB_TYPES
 from contracts.resolved import PlanInputs, PlanParams, ResolvedArtifact, ResolvedTarget
 from contracts.run import RunSpec, RunSpecError
@@ -122,7 +122,10 @@ def _layers_and_drafter(plan: Plan, chain: dict[str, dict], target: ResolvedTarg
         except StageError as e:
             plan.check("layer_ids" + suffix, False, e.message + (f" ({key})" if suffix else ""))
         dv = drafter.get("draft_vocab_size")
-        if dv and vocab and dv > vocab:
+        unfit = target_problem(drafter.get("type", DEFAULT_DRAFTER), cfg)
+        if unfit:
+            plan.check("drafter_params" + suffix, False, unfit + (f" ({key})" if suffix else ""))
+        elif dv and vocab and dv > vocab:
             plan.check("drafter_params" + suffix, False, f"draft_vocab_size {dv} exceeds the "
                        f"target's vocabulary ({vocab})" + (f" ({key})" if suffix else ""))
         elif key in parsed:

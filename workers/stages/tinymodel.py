@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+import json
 from pathlib import Path
 
 
@@ -83,6 +84,51 @@ def build_tiny_target(out_dir: Path | str, arch: str = "qwen3", hidden: int = 64
     model.generation_config.pad_token_id = common["pad_token_id"]
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+    return out
+
+
+def add_mtp_layers(model_dir: Path | str, seed: int = 0) -> Path:
+    """Give a tiny Qwen3.5 target one native multi-token-prediction layer, as Qwen3.5/3.6
+    checkpoints carry them: `mtp_num_hidden_layers: 1` in its config and random `mtp.*`
+    weights in a shard of their own (`model-mtp.safetensors`, listed in the index), laid out
+    as those checkpoints are (`fc` over [embedding; hidden], the pre-fc norms, one
+    full-attention decoder layer, the final `norm`) and as vLLM's and speculators' MTP
+    loaders read them. Transformers ignores `mtp.*` when it loads the model."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import (Qwen3_5DecoderLayer,
+                                                              Qwen3_5RMSNorm)
+
+    out = Path(model_dir)
+    cfg_file = out / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["mtp_num_hidden_layers"] = 1
+    cfg_file.write_text(json.dumps(cfg, indent=2))
+    tc = AutoConfig.from_pretrained(out).get_text_config()
+    h = tc.hidden_size
+    torch.manual_seed(seed)
+    full = tc.layer_types.index("full_attention")  # the MTP layer attends like this one
+    parts: dict[str, torch.nn.Module] = {
+        "fc": torch.nn.Linear(2 * h, h, bias=False), "norm": Qwen3_5RMSNorm(h),
+        "pre_fc_norm_hidden": Qwen3_5RMSNorm(h), "pre_fc_norm_embedding": Qwen3_5RMSNorm(h),
+        "layers.0": Qwen3_5DecoderLayer(tc, layer_idx=full)}
+    for m in parts.values():
+        for w in m.parameters():
+            if w.dim() > 1:
+                torch.nn.init.normal_(w, std=tc.initializer_range)
+    mtp = {f"mtp.{name}.{k}": v.detach().contiguous()
+           for name, m in parts.items() for k, v in m.state_dict().items()}
+    save_file(mtp, str(out / "model-mtp.safetensors"), metadata={"format": "pt"})
+    index = out / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+    else:
+        with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+            weight_map = {k: "model.safetensors" for k in f.keys()}
+    weight_map.update({k: "model-mtp.safetensors" for k in mtp})
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
     return out
 
 

@@ -83,6 +83,10 @@ def _first_dim(shape: list[int] | None) -> int | None:
     return shape[0] if shape else None
 
 
+# Proposers whose checkpoints have DFlash's layout (aux_hidden_state_layer_ids, block_size).
+BLOCK_LAYOUT = frozenset({Impl.DFLASH, Impl.DSPARK})
+
+
 def read_drafter(path: Path | str) -> DrafterSpec:
     ckpt = find_checkpoint(path)
     cfg = json.loads((ckpt / "config.json").read_text())
@@ -93,9 +97,12 @@ def read_drafter(path: Path | str) -> DrafterSpec:
     tl = cfg.get("transformer_layer_config") or {}
     spec_cfg = cfg.get("speculators_config") or {}
     proposals = spec_cfg.get("proposal_methods") or [{}]
-    if DRAFTERS[kind].evaluate == Impl.DFLASH:  # the checkpoint layout of its proposer
+    if DRAFTERS[kind].evaluate in BLOCK_LAYOUT:  # the checkpoint layout of its proposer
         aux = cfg.get("aux_hidden_state_layer_ids")
         n_spec = int(cfg.get("block_size", 8)) - (0 if cfg.get("sample_from_anchor") else 1)
+    elif DRAFTERS[kind].target_mtp:  # reads layer N, the input of the final norm
+        aux = [tl.get("num_hidden_layers")]
+        n_spec = int(proposals[0].get("speculative_tokens") or 3)
     else:
         aux = cfg.get("eagle_aux_hidden_state_layer_ids")
         n_spec = int(proposals[0].get("speculative_tokens") or 3)
@@ -128,8 +135,13 @@ def check_fit(d: DrafterSpec, target_config: dict, label: str = "drafter") -> No
                         f"{d.draft_vocab_size}")
     # The one rule extract and train apply (contracts/target.py); a target config without
     # a layer count checks what needs none.
-    bad = layer_ids_problem(d.aux_layer_ids, t_layers if isinstance(t_layers, int) else None,
-                            f"{label} aux layer ids")
+    # MTP reads layer N alone (the input of the final norm, through a hook): every target
+    # has it.
+    mtp_last = d.kind in DRAFTERS and DRAFTERS[d.kind].target_mtp and \
+        d.aux_layer_ids == [t_layers]
+    bad = None if mtp_last else layer_ids_problem(
+        d.aux_layer_ids, t_layers if isinstance(t_layers, int) else None,
+        f"{label} aux layer ids")
     if bad:
         problems.append(f"layer ids: {bad.message}")
     if problems:

@@ -20,6 +20,13 @@ trains, read from `speculators/models/dflash/core.py` and `models/eagle3/core.py
   the context and the slots reproduces its training mask for a single rollout, so all K
   tokens come from one forward.
 
+- DSpark (`models/dspark/core.py`): DFlash's block with the anchor slot drafting too
+  (slot i predicts the token at p + i + 1), plus a Markov logit bias from the token before
+  each slot, applied in order over the block.
+
+- MTP (`models/mtp/core.py`): the target's own multi-token-prediction layer over the
+  target's last hidden states, unrolled one step per draft token (MTPProposer).
+
 All map draft-vocabulary ids to target ids through d2t (`target = draft + d2t[draft]`).
 """
 
@@ -50,13 +57,18 @@ def check_window(model: Any, context_len: int) -> None:
 
 class DFlashProposer:
     kind = Impl.DFLASH
+    # Whether the anchor slot drafts too (speculators' sample_from_anchor): slot i then
+    # predicts the token at p + i + 1, and a block of K slots drafts K tokens.
+    from_anchor = False
 
     def __init__(self, model: Any, num_spec: int | None = None):
-        if model.config.sample_from_anchor:
-            raise StageError("unsupported_drafter", "DFlash with sample_from_anchor=true "
-                             "(the anchor slot also predicts) is not supported by evaluate")
+        if bool(model.config.sample_from_anchor) != self.from_anchor:
+            raise StageError("unsupported_drafter", f"{model.config.speculators_model_type} "
+                             f"with sample_from_anchor={model.config.sample_from_anchor} is "
+                             "not supported by evaluate")
         self.m = model
-        self.num_spec = int(num_spec or model.block_size - 1)
+        self.first = 0 if self.from_anchor else 1  # the first drafting slot of a block
+        self.num_spec = int(num_spec or model.block_size - self.first)
         self.ctx: Any = None
 
     def reset(self) -> None:
@@ -74,7 +86,7 @@ class DFlashProposer:
         """K tokens after `tokens[-1]` (the anchor, whose hidden state is not in the context)."""
         import torch
 
-        m, bs = self.m, self.num_spec + 1
+        m, bs = self.m, self.num_spec + self.first
         t = self.ctx.shape[1]
         dev = self.ctx.device
         block = torch.full((1, bs), m.mask_token_id, dtype=torch.long, device=dev)
@@ -87,8 +99,14 @@ class DFlashProposer:
             for layer in m.layers:
                 h = layer(hidden_states=h, target_hidden=self.ctx, attention_mask=None,
                           position_ids=pos, position_embeddings=pe, use_cache=False)
-            logits = m.lm_head(m.norm(h[:, 1:]))  # shape: [1, K, draft_vocab]
-            return _to_target(m, logits.argmax(-1))[0].tolist()
+            h = m.norm(h[:, self.first:])  # shape: [1, K, hidden]
+            prev = torch.tensor([tokens[-1]], dtype=torch.long, device=dev)
+            return self._pick(h, m.lm_head(h), prev)[0].tolist()
+
+    def _pick(self, hidden: Any, logits: Any, anchor: Any) -> Any:
+        """Greedy draft ids [A, K] (target ids) from the blocks' drafting slots: hidden
+        [A, K, hidden] after the final norm, logits [A, K, draft_vocab], anchor [A]."""
+        return _to_target(self.m, logits.argmax(-1))
 
     def teacher_forced(self, aux: Any, input_ids: Any, anchors: Any) -> Any:
         """Predictions [A, K] (target ids) for blocks anchored at `anchors` of one sequence.
@@ -98,7 +116,7 @@ class DFlashProposer:
         """
         import torch
 
-        m, bs = self.m, self.num_spec + 1
+        m, bs = self.m, self.num_spec + self.first
         t, a = aux.shape[1], anchors.numel()
         dev = aux.device
         with torch.no_grad():
@@ -117,8 +135,34 @@ class DFlashProposer:
             for layer in m.layers:
                 h = layer(hidden_states=h, target_hidden=ctx, attention_mask=mask,
                           position_ids=pos, position_embeddings=pe, use_cache=False)
-            logits = m.lm_head(m.norm(h)).view(a, bs, -1)[:, 1:]  # shape: [A, K, draft_vocab]
-            return _to_target(m, logits.argmax(-1))
+            h = m.norm(h).view(a, bs, -1)[:, self.first:]  # shape: [A, K, hidden]
+            return self._pick(h, m.lm_head(h), input_ids[anchors])
+
+
+class DSparkProposer(DFlashProposer):
+    """DFlash's block forward with every slot drafting, then the Markov head's logit bias
+    applied slot by slot as DSpark infers (`models/dspark/core.py`): slot k's bias comes
+    from the token before it in the block (the anchor for slot 0, else slot k-1's greedy
+    draft), so each slot conditions on what the block drafted so far. The confidence head
+    only estimates acceptance and does not change a greedy draft."""
+
+    kind = Impl.DSPARK
+    from_anchor = True
+
+    def _pick(self, hidden: Any, logits: Any, anchor: Any) -> Any:
+        import torch
+
+        head = self.m.markov_head
+        if head is None:  # markov_rank 0: pure DFlash drafting
+            return super()._pick(hidden, logits, anchor)
+        prev = anchor[:, None]  # shape: [A, 1], target ids
+        with torch.no_grad():
+            for k in range(logits.shape[1]):
+                # The head's own block bias over the block so far ("rnn" carries a state).
+                bias = head.block_bias(prev_token_ids=prev, hidden_states=hidden[:, :k + 1])
+                tok = _to_target(self.m, (logits[:, k] + bias[:, k]).argmax(-1))  # [A]
+                prev = torch.cat([prev, tok[:, None]], dim=1)
+        return prev[:, 1:]
 
 
 class Eagle3Proposer:
@@ -262,11 +306,71 @@ class PEagleProposer(Eagle3Proposer):
         return torch.tensor(out, dtype=torch.long, device=aux.device).view(-1, self.num_spec)
 
 
-Proposer = DFlashProposer | Eagle3Proposer
+class MTPProposer:
+    """The target's MTP layer unrolled as speculators trains it (`models/mtp/core.py`):
+    step 0 runs over every context slot j with the target's hidden state at j (the input
+    of its final norm) and the token at j + 1, predicting the token at j + 2; step k runs
+    over the same slots with step k-1's outputs and the tokens at j + k + 1 (drafts past
+    the anchor), causal over the slots. The last slot's prediction at step k is draft k."""
+
+    kind = Impl.MTP
+
+    def __init__(self, model: Any, num_spec: int | None = None):
+        self.m = model
+        self.num_spec = int(num_spec or model.config.num_speculative_steps)
+        self.ctx: Any = None
+
+    def reset(self) -> None:
+        self.ctx = None
+
+    def extend(self, aux: Any) -> None:
+        """Append the target's last hidden states (aux layer N) of committed positions."""
+        import torch
+
+        self.ctx = aux if self.ctx is None else torch.cat([self.ctx, aux], dim=1)
+
+    def propose(self, tokens: list[int]) -> list[int]:
+        """K tokens after `tokens` (len T + 1: positions 0..T, hidden states known for 0..T-1)."""
+        import torch
+        from speculators.models.mtp.core import _prepare_mtp_position_ids
+        from transformers.masking_utils import create_causal_mask
+
+        m, hidden = self.m, self.ctx
+        t, dev = hidden.shape[1], hidden.device
+        tc = m.config.transformer_layer_config
+        pos, rot = _prepare_mtp_position_ids(torch.arange(t, device=dev).unsqueeze(0), t,
+                                             tc.model_type)
+        seq = list(tokens[:t + 1])
+        with torch.no_grad():
+            mask = create_causal_mask(config=tc, inputs_embeds=hidden, attention_mask=None,
+                                      past_key_values=None, position_ids=pos)
+            for k in range(self.num_spec):
+                emb = m.embed_tokens(torch.tensor([seq[k + 1:k + 1 + t]], device=dev))
+                hidden = m.mtp_layers[0](hidden_states=hidden, token_embeddings=emb,
+                                         attention_mask=mask, position_ids=pos,
+                                         position_embeddings=m.rotary_emb(hidden, rot))
+                seq.append(int(m.lm_head(hidden[:, -1]).argmax(-1)[0]))
+        return seq[t + 1:]
+
+    def teacher_forced(self, aux: Any, input_ids: Any, anchors: Any) -> Any:
+        """Predictions [A, K] for drafts anchored at `anchors`: `propose` over each
+        anchor's context."""
+        import torch
+
+        out = []
+        for p in anchors.tolist():
+            self.ctx = aux[:, :p]
+            out.append(self.propose(input_ids[:p + 1].tolist()))
+        self.ctx = None
+        return torch.tensor(out, dtype=torch.long, device=aux.device).view(-1, self.num_spec)
+
+
+Proposer = DFlashProposer | Eagle3Proposer | MTPProposer
 
 # A drafter type's evaluate key (contracts/drafters.py `evaluate`) -> how it drafts.
 PROPOSERS: dict[str, type[Proposer]] = {
-    Impl.DFLASH: DFlashProposer, Impl.EAGLE3: Eagle3Proposer, Impl.PEAGLE: PEagleProposer}
+    Impl.DFLASH: DFlashProposer, Impl.EAGLE3: Eagle3Proposer, Impl.PEAGLE: PEagleProposer,
+    Impl.DSPARK: DSparkProposer, Impl.MTP: MTPProposer}
 
 
 def make_proposer(model: Any, num_spec: int | None = None) -> Proposer:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
 
-from contracts.drafters import DRAFTERS
+from contracts.drafters import DRAFTERS, SERVED_TARGET
 from workers.stages.common import StageError
 from workers.stages import vllm_server
 from workers.stages.vllm_server import VllmServer
@@ -96,6 +96,9 @@ def serve_command(target: str, drafter: str, kind: str, num_spec: int, port: int
     if kind not in DRAFTERS:
         raise StageError("unsupported_drafter", f"no vLLM method for drafter type {kind!r}")
     spec_cfg = {"model": str(drafter), **DRAFTERS[kind].speculative_config(num_spec)}
+    if DRAFTERS[kind].target_mtp:  # the target with the trained MTP layers in place
+        target, spec_cfg = f"{drafter}/{SERVED_TARGET}", DRAFTERS[kind].speculative_config(
+            num_spec)
     return [*vllm_server.serve_command(str(target), port=port, served_name=served_name),
             "--seed", "0",
             "--speculative-config", json.dumps(spec_cfg),

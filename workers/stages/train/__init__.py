@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager, nullcontext
 from importlib.util import find_spec
 from pathlib import Path
 
+from contracts.drafters import drafter as drafter_def
 from contracts.resolved import TrainResolved
 from contracts.train import TrainParams
 from procgroup import free_port
@@ -92,11 +93,13 @@ def run(p: TrainParams, inputs: TrainResolved, ctx: StageContext) -> dict:
 
     drafter = Path(job.out_dir) / loop.DRAFTER_DIR
     spec_cfg = build.vllm_speculative_config(drafter)
+    if drafter_def(p.drafter.type).target_mtp:
+        build.write_served_target(job.target_path, drafter)
     meta = {
         "type": p.drafter.type, "target_path": job.target_path,
         # The artifact is moved after the stage ends: substitute its final path.
         "vllm_serve_command": build.vllm_serve_command(job.target_path, "<drafter_path>",
-                                                       spec_cfg),
+                                                       spec_cfg, p.drafter.type),
         "vllm_speculative_config": spec_cfg,
         "steps": result["steps"], "initial_loss": result["initial_loss"],
         "final_loss": result["final_loss"], "layer_ids": job.layer_ids,

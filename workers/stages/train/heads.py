@@ -87,8 +87,9 @@ def check_drafter_heads(model, target_path: str | Path, warn) -> dict | None:
     t2d = getattr(model, "t2d", None)
     rows = out if t2d is None or not bool(t2d.any()) else out[t2d.to(torch.bool).cpu()]
     checks = {"embed_tokens": (model.embed_tokens.weight, embed),
-              "lm_head": (model.lm_head.weight, rows),
-              "verifier_lm_head": (model.verifier_lm_head.weight, rows)}
+              "lm_head": (model.lm_head.weight, rows)}
+    if hasattr(model, "verifier_lm_head"):  # MTP drops it (its loss reads the tokens)
+        checks["verifier_lm_head"] = (model.verifier_lm_head.weight, rows)
     for name, (have, want) in checks.items():
         have = have.detach().cpu()
         if have.shape != want.shape or not torch.equal(have, want.to(have.dtype)):

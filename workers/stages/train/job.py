@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contracts.drafters import drafter
+from contracts.drafters import drafter, target_problem
 from contracts.resolved import ResolvedArtifact, TrainResolved
 from contracts.target import text_config
 from contracts.train import TrainParams
@@ -180,6 +180,8 @@ def resolve_job(params: TrainParams, inputs: TrainResolved, ctx: StageContext, s
     tokenized_path = inputs.tokenized.path
     rows, row0, longest = _tokenized(tokenized_path)
     d = params.drafter
+    unfit = target_problem(d.type, cfg)
+    _need(unfit is None, "invalid_params", unfit or "", field="drafter.type")
     hs = inputs.hidden_states
     layer_select = None
     hs_path = None
@@ -199,7 +201,9 @@ def resolve_job(params: TrainParams, inputs: TrainResolved, ctx: StageContext, s
         layer_ids = list(resolve_layers(cfg, d.type, d.target_layer_ids,
                                         field="drafter.target_layer_ids").aux)
 
-    draft_vocab = vocab if d.draft_vocab_size is None else d.draft_vocab_size
+    # MTP drafts over the target's own head: the full vocabulary whatever was asked.
+    asked = None if drafter(d.type).target_mtp else d.draft_vocab_size
+    draft_vocab = vocab if asked is None else asked
     _need(draft_vocab <= vocab, "invalid_params", f"drafter.draft_vocab_size {draft_vocab} "
           f"exceeds the target vocabulary ({vocab})", field="drafter.draft_vocab_size")
     if draft_vocab < vocab:
