@@ -422,7 +422,8 @@ def pytest_terminal_summary(terminalreporter):
 # not listed counts as short.
 LONG_FIRST = {
     "tests.service.test_runs": 175, "tests.service.test_demo": 135, "reported_run": 105,
-    "tests.stages.test_methods": 125, "tests.stages.test_evaluate_trained": 77, "tests.faults.test_faults": 73,
+    "tests.stages.test_methods": 125, "tests.stages.test_evaluate_trained": 77,
+    "tests.faults.test_faults": 73,
     "tests.service.test_first_day": 68, "tests.stages.test_prepare_token_rows": 65,
     "tests.stages.test_evaluate": 60,
     "tests.service.test_scheduling": 58, "tests.service.test_cli": 50,
