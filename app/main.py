@@ -67,10 +67,13 @@ def create_app() -> FastAPI:
     install_handlers(app, caller_before_body)
     app.add_middleware(BodyLimitMiddleware)  # inside RequestId: its 413 gets an id too
     app.add_middleware(RequestIdMiddleware)
+    # Routes match in the order they were included, each request trying every route before
+    # its own: the jobs router goes first, since `GET /v1/jobs/{id}` is the read every
+    # client polls (no other router's paths overlap its /v1/jobs prefix).
+    app.include_router(jobs, responses=ERROR_RESPONSES)
     for r in (health, dashboard):
         app.include_router(r)
-    for r in (users, jobs, cluster, targets, datasets, artifacts, runs, plans, webhooks,
-              storage):
+    for r in (users, cluster, targets, datasets, artifacts, runs, plans, webhooks, storage):
         app.include_router(r, responses=ERROR_RESPONSES)
     logging.getLogger("draftyard").setLevel(logging.INFO)
     access = logging.getLogger("uvicorn.access")
