@@ -7,7 +7,7 @@ import time
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from app.jobs.states import TERMINAL
 from draftyard import NotFound
@@ -240,12 +240,26 @@ def progress_info(status: str, p: dict) -> str:
     return " ".join(parts)
 
 
+def progress_columns(names: list[str]) -> tuple:
+    """The columns of `follow_jobs`: the name as wide as the longest, a bar and its percent
+    that never shrink, then the info, which is cut with an ellipsis where the terminal ends
+    (at 80 columns the bar used to be squeezed to nothing behind a padded name)."""
+    width = max(map(len, names), default=8)
+    return (TextColumn(f"{{task.description:<{width}}}",
+                       table_column=Column(min_width=width, no_wrap=True)),
+            BarColumn(bar_width=16, table_column=Column(min_width=16, no_wrap=True)),
+            TaskProgressColumn(table_column=Column(min_width=4, no_wrap=True)),
+            TextColumn("{task.fields[info]}", table_column=Column(ratio=1, no_wrap=True,
+                                                                  overflow="ellipsis")))
+
+
 def follow_jobs(client, job_ids: list[str], labels: dict[str, str] | None = None,
                 poll: float = 0.5) -> list[dict]:
     """Live progress bars for jobs until all are finished; returns their final objects."""
     labels = labels or {}
-    with Progress(TextColumn("{task.description:<28}"), BarColumn(), TaskProgressColumn(),
-                  TextColumn("{task.fields[info]}"), console=console, transient=False) as prog:
+    # expand: the info column takes what the terminal has left, not its text's width.
+    with Progress(*progress_columns([labels.get(j, j) for j in job_ids]), console=console,
+                  transient=False, expand=True) as prog:
         tasks = {j: prog.add_task(labels.get(j, j), total=None, info="") for j in job_ids}
         while True:
             jobs = [client.get_job(j) for j in job_ids]

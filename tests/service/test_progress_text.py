@@ -51,3 +51,30 @@ console.log(JSON.stringify([strip(progress({json.dumps(SLOW)}, "running")),
     assert slow == "train: 1/42 steps · 61 s each · ETA 41m41s", slow
     assert phase == "evaluate: with the drafter (3/6): 5/32 prompts · 0.50 prompts/s · ETA 54s", \
         phase
+
+
+def test_progress_bars_at_80_columns_keep_name_bar_and_percent_whole():
+    """`follow_jobs`'s lines at 80 columns: the stage names whole, a bar, the percent, and the
+    info cut with an ellipsis where the line ends (the name used to be padded to 28 and the
+    bar squeezed to nothing)."""
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from app.cli.view import progress_columns
+
+    names = ["generate", "prepare", "extract", "train", "evaluate"]
+    long = dict(PHASE, phase="tau_sim baseline", phase_index=7, phases=7)
+    for width in (80, 60):
+        con = Console(width=width, file=io.StringIO(), force_terminal=False)
+        with Progress(*progress_columns(names), console=con, expand=True) as prog:
+            for n in names:
+                prog.update(prog.add_task(n, total=32, info=progress_info("running", long)),
+                            completed=16)
+        lines = [ln.rstrip() for ln in con.file.getvalue().splitlines() if ln.strip()]
+        assert len(lines) == len(names), lines
+        for n, line in zip(names, lines, strict=True):
+            assert line.startswith(n + " ") and len(line) <= width, line
+            assert re.search(r"━{4,}.* 50% running", line), line
+            assert line.endswith("…"), line  # cut, not wrapped onto a second line
