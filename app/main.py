@@ -21,6 +21,7 @@ from app.datasets.routes import router as datasets
 from app.health.routes import router as health
 from app.jobs.routes import router as jobs
 from app.plans.routes import router as plans
+from app.plans.service import PLAN_SERVER
 from app.runs.routes import router as runs
 from app.scheduler.reaper import ApiReaper
 from app.storage.delete import check_storage
@@ -51,6 +52,9 @@ def create_app() -> FastAPI:
         sender, reaper = Sender(), ApiReaper()
         sender.start()
         reaper.start()
+        s = get_settings()
+        if s.plan_server and s.plan_warm_up:
+            PLAN_SERVER.warm_up()
         # Deletes a killed process left half-done are finished, rows without files reported
         # (app/storage/delete.py); in a thread: the first request need not wait for it.
         threading.Thread(target=_check_storage, name="storage-check", daemon=True).start()

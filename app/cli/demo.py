@@ -156,6 +156,8 @@ def run_demo(json_out: bool = False, quick: bool = False, keep: bool = False) ->
     # slot gives each stage all the cores (workers/stages/threads.py), where the default two
     # slots would leave half of them idle for the whole run.
     os.environ.setdefault("DRAFTYARD_CPU_SLOTS", "1")
+    # Its plan comes seconds after the service is up: the plan server starts with it.
+    os.environ.setdefault("DRAFTYARD_PLAN_WARM_UP", "1")
     t0 = time.time()
     # The target builds while the service starts and ingests the data, which need no target.
     built: dict[str, Any] = {}

@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     # stage core imported already (a plan in ~0.5 CPU-s instead of ~3); false: a fresh
     # process per plan.
     plan_server: bool = True
+    # Start that plan server with the API instead of with its first plan (~3 CPU-s of
+    # imports the first plan would wait for): for a service that is about to plan, like the
+    # demo, which starts it while its target builds.
+    plan_warm_up: bool = False
     # A worker forks its model stages (generate, extract, train, evaluate) from a warm
     # starter (workers/stages/starter.py) that has torch, transformers and speculators
     # imported already, instead of a fresh process each paying ~5 CPU-s of imports; false: a
