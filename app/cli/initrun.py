@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import typer
 
-from app.cli.view import console, fail, print_error
-from contracts.drafters import DEFAULT_DRAFTER, drafter_types
+from app.cli.view import console, fail, help_later, print_error
 from draftyard import ApiError, Client
 
 
@@ -50,10 +50,14 @@ def init_run(target: str = typer.Argument(..., help="target name or id"),
              dataset: str = typer.Argument(..., help="dataset name or id"),
              out: Path = typer.Option(Path("run.json"), "-o", "--out",
                                       help="where to write the body"),
-             drafter: str = typer.Option(DEFAULT_DRAFTER,
-                                         help=" | ".join(drafter_types())),
+             drafter: Optional[str] = typer.Option(None, help="a drafter type (listed "
+                                                   "above)"),
              force: bool = typer.Option(False, help="overwrite an existing file")):
     """Write a starting run body for TARGET and DATASET (then: draftyard plan FILE)."""
+    from contracts.drafters import DEFAULT_DRAFTER, drafter_types
+
+    if drafter is None:
+        drafter = DEFAULT_DRAFTER
     if drafter not in drafter_types():
         print_error(f"--drafter: {drafter!r} is not one of {', '.join(drafter_types())}")
         raise typer.Exit(2)
@@ -78,5 +82,13 @@ def init_run(target: str = typer.Argument(..., help="target name or id"),
     console.print(f"next: draftyard plan {out}", soft_wrap=True)
 
 
+def _help() -> str:
+    """init-run's help with the drafter types (contracts/drafters.py)."""
+    from contracts.drafters import DEFAULT_DRAFTER, drafter_types
+
+    kinds = [f"{t} (the default)" if t == DEFAULT_DRAFTER else t for t in drafter_types()]
+    return f"{init_run.__doc__}\n\n\b\ndrafter types: {' | '.join(kinds)}"
+
+
 def register(cli: typer.Typer) -> None:
-    cli.command("init-run")(init_run)
+    cli.command("init-run", cls=help_later(_help))(init_run)

@@ -17,11 +17,10 @@ from app.cli import initrun as _initrun
 from app.cli import resources as _resources
 from app.cli import runs as _runs
 from app.cli import storage as _storage
-from app.cli.view import (console, describe, fail, follow_jobs, jobs_table, owner_names,
-                          print_error,
+from app.cli.view import (console, describe, fail, follow_jobs, help_later, jobs_table,
+                          owner_names, print_error,
                           print_failures,
                           print_json)
-from contracts.jobtypes import JOB_TYPES
 from draftyard import ApiError, Client
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -117,12 +116,16 @@ def real_target(register: bool = typer.Option(
 
 # ---- client commands ----------------------------------------------------------------------
 
-# Every job type with its one line (contracts/jobtypes.py); \b keeps click from rewrapping.
-_SUBMIT_HELP = "Submit a job.\n\n\b\n" + "\n".join(
-    f"{n:<9} {d.summary}" for n, d in JOB_TYPES.items())
+def _submit_help() -> str:
+    """Every job type with its one line (contracts/jobtypes.py); \b keeps click from
+    rewrapping."""
+    from contracts.jobtypes import JOB_TYPES
+
+    return "Submit a job.\n\n\b\n" + "\n".join(
+        f"{n:<9} {d.summary}" for n, d in JOB_TYPES.items())
 
 
-@cli.command(help=_SUBMIT_HELP)
+@cli.command(cls=help_later(_submit_help))
 def submit(type: str = typer.Argument(..., help="a job type (listed above)"),  # noqa: A002
            params: str = typer.Option("{}", help="JSON params"),
            inputs: str = typer.Option("{}", help="JSON inputs"),

@@ -20,12 +20,12 @@ from typing import Optional
 import typer
 
 from app.cli.report import print_report
-from app.cli.view import (TERMINAL, console, fail, follow_jobs, human_size, make_table, num,
+from app.cli.view import (TERMINAL, console, fail, follow_jobs, help_later, human_size,
+                          make_table, num,
                           owner_names,
                           print_error,
                           print_failures,
                           print_json, verdict_line)
-from contracts.ingest import FORMATS
 from draftyard import ApiError, Client
 
 
@@ -219,8 +219,8 @@ def runs_show(run_id: str, json_out: bool = typer.Option(False, "--json",
 
 def dataset(file: Path = typer.Argument(..., help="a chat-data file to upload"),
             name: Optional[str] = typer.Option(None, help="default: the file's name"),
-            fmt: str = typer.Option("auto", "--format", help="force a format: " +
-                                    " | ".join(FORMATS) + " (auto: detect it)"),
+            fmt: str = typer.Option("auto", "--format", help="force a format (listed "
+                                    "above; auto: detect it)"),
             server_path: bool = typer.Option(False, help="ingest FILE where it lies on the "
                                              "server (inside DRAFTYARD_DATA_ROOTS), no upload")):
     """Add a dataset and wait for its ingest: format, counts, rejected lines and why."""
@@ -250,6 +250,13 @@ def dataset(file: Path = typer.Argument(..., help="a chat-data file to upload"),
         console.print(f"  line {rj['line']}: {rj['reason']}")
 
 
+def _dataset_help() -> str:
+    """dataset's help with the formats (contracts/ingest.py)."""
+    from contracts.ingest import FORMATS
+
+    return f"{dataset.__doc__}\n\n\b\nformats: {' | '.join(FORMATS)}"
+
+
 def register(cli: typer.Typer) -> None:
     cli.command()(plan)
     cli.command()(run)
@@ -258,4 +265,4 @@ def register(cli: typer.Typer) -> None:
     runs_app.callback(invoke_without_command=True)(runs)
     runs_app.command("cancel")(runs_cancel)
     runs_app.command("show")(runs_show)
-    cli.command()(dataset)
+    cli.command(cls=help_later(_dataset_help))(dataset)

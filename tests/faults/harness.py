@@ -60,22 +60,26 @@ class StageSampler:
         process of the same job (a stage's own children, e.g. a fork that has not exec'd
         yet and so shows the same command line, belong to its attempt)."""
         procs: dict[str, dict[int, int]] = defaultdict(dict)  # job -> pid -> ppid
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
+        # os.listdir and open(), not Path: this runs 20 times a second through a whole fault
+        # test, and pathlib's objects made it 1.4 ms of CPU a scan of 100 processes.
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
                 continue
             try:
-                if b"workers.stages" not in (d / "cmdline").read_bytes():
-                    continue
-                stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if b"workers.stages" not in f.read():
+                        continue
+                with open(f"/proc/{name}/stat") as f:
+                    stat = f.read().rsplit(")", 1)[1].split()
                 if stat[0] == "Z":
                     continue  # exited, not yet reaped: it runs nothing
-                env = dict(kv.split("=", 1) for kv in
-                           (d / "environ").read_bytes().decode(errors="replace").split("\0")
-                           if "=" in kv)
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    env = dict(kv.split("=", 1) for kv in
+                               f.read().decode(errors="replace").split("\0") if "=" in kv)
             except (OSError, IndexError):
                 continue
             if env.get("DRAFTYARD_HOME") == self.home and env.get("DRAFTYARD_JOB_ID"):
-                procs[env["DRAFTYARD_JOB_ID"]][int(d.name)] = int(stat[1])
+                procs[env["DRAFTYARD_JOB_ID"]][int(name)] = int(stat[1])
         return {job: [p for p, pp in ps.items() if pp not in ps] for job, ps in procs.items()}
 
     def _run(self) -> None:

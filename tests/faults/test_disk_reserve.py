@@ -26,11 +26,11 @@ def _ok(r, code=(200, 201)):
 
 @pytest.mark.slow  # ~60 s on 2 cores: a deployment of its own, a prepare and two extracts
 def test_two_extracts_that_do_not_fit_together_one_waits_neither_fails(small_fs):  # noqa: F811
-    from workers.stages.tinymodel import build_tiny_target
+    from tests.tiny import tiny_model
 
     outside = Path(tempfile.mkdtemp(prefix="draftyard-reserve-"))
     (outside / "data").mkdir()
-    target_dir = build_tiny_target(outside / "models" / "tiny", arch="qwen3")
+    target_dir = tiny_model(outside / "models" / "tiny", arch="qwen3")
     src = outside / "data" / "chat.jsonl"
     shutil.copy(shared_fixtures() / "datasets" / "sharegpt.jsonl", src)
     (small_fs / "home").mkdir()

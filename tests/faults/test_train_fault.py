@@ -35,10 +35,10 @@ def _train_run(fs: FaultStack) -> str:
     """prepare -> train (online: hidden states from the HF target inside each rank), the
     train stage on one declared GPU with two CPU ranks; returns the train job's id."""
     from tests.stages.conftest import shared_fixtures
-    from workers.stages.tinymodel import build_tiny_target
+    from tests.tiny import tiny_model
 
     home = fs.stack.home
-    d = build_tiny_target(home / "models" / "tiny", arch="qwen3")
+    d = tiny_model(home / "models" / "tiny", arch="qwen3")
     tmpl = (shared_fixtures() / "chat_templates" / "qwen3_6.jinja").read_text()
     data = home / "data.jsonl"
     data.write_text("".join(json.dumps({"messages": [

@@ -14,7 +14,7 @@ from app.core.auth import Principal
 from app.core.ids import new_id
 from app.models import User
 from tests.service.browser import browser  # noqa: F401  headless Chromium, for the dashboard tests
-from tests.tiny import counting_records, write_jsonl
+from tests.tiny import counting_records, tiny_model, write_jsonl
 
 
 @pytest.fixture
@@ -29,14 +29,13 @@ def user(db) -> Principal:
 @pytest.fixture(scope="session")
 def reported_run(pg_api, pg_worker, pg_home, tmp_path_factory) -> dict:
     from draftyard import Client
-    from workers.stages.tinymodel import build_tiny_target
 
     api, home = pg_api, pg_home  # a session's run: on the session's PostgreSQL deployment
     admin = Client(api.url, api.token)
     name = f"ana-{uuid.uuid4().hex[:4]}"
     user = admin.create_user(name, "member")
     c = Client(api.url, user["token"], timeout=180)
-    d = build_tiny_target(home / "models" / "tiny-report", arch="qwen3")
+    d = tiny_model(home / "models" / "tiny-report", arch="qwen3")
     target = c.create_target("tiny-report", str(d))
     f = tmp_path_factory.mktemp("report") / "chat.jsonl"
     write_jsonl(f, counting_records(16))

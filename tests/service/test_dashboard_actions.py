@@ -132,12 +132,12 @@ def test_job_page_cancel_retry_hold_release_priority(api, worker, server, browse
 
 
 def test_run_page_cancel_hold_release_retry(api, worker, server, home, browser):
-    from workers.stages.tinymodel import build_tiny_target
+    from tests.tiny import tiny_model
 
     d = browser
     _login(d, server, api.token)
     t = api.post("/v1/targets", {"name": "dash-actions", "path": str(
-        build_tiny_target(home / "models" / "tiny-dash-actions", arch="qwen3"))}).json()
+        tiny_model(home / "models" / "tiny-dash-actions", arch="qwen3"))}).json()
     p = home / "data" / "dash-actions.jsonl"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"},

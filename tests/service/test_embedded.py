@@ -86,8 +86,10 @@ def test_storage_answers_after_failed_and_cancelled_jobs(own_up):
     plan compares its finished_at, read back from SQLite, with the clock (a 500 when SQLite
     handed back a naive time)."""
     c = own_up.c
-    failed = c.post("/v1/jobs", json={"type": "probe", "params": {"fail": True}}).json()
-    slow = c.post("/v1/jobs", json={"type": "probe", "params": {"sleep_s": 60}}).json()
+    failed = c.post("/v1/jobs", json={"type": "probe", "params": {
+        "fail": True, "import_torch": False}}).json()
+    slow = c.post("/v1/jobs", json={"type": "probe", "params": {
+        "sleep_s": 60, "import_torch": False}}).json()
     wait_for(lambda: c.get(f"/v1/jobs/{slow['id']}").json()["status"] == "running", 60, 0.3,
              "the slow probe to run")
     assert c.post(f"/v1/jobs/{slow['id']}/cancel").status_code == 200

@@ -22,9 +22,9 @@ N = 24
 
 def test_sigkill_worker_mid_generate_then_retry_every_record_once(api, worker, home,
                                                                  gpu_workers):
-    from workers.stages.tinymodel import build_tiny_target
+    from tests.tiny import tiny_model
 
-    d = build_tiny_target(home / "models" / "tiny-genkill", arch="qwen3")
+    d = tiny_model(home / "models" / "tiny-genkill", arch="qwen3")
     tgt = api.post("/v1/targets", {"name": "tiny-genkill", "path": str(d)})
     assert tgt.status_code == 201, tgt.text
     records = [{"id": f"p{i:02d}", "prompt": f"Question {i}: " + "tell me more " * (i % 5)}

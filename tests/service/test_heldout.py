@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from workers.stages.tinymodel import build_tiny_target
+from tests.tiny import tiny_model
 
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
 
@@ -27,7 +27,7 @@ def test_readme_snippet_without_an_evaluation_set_is_measured_on_held_out_record
         {"role": "user", "content": f"say the words of card {i}"},
         {"role": "assistant", "content": " ".join(rnd.choice(WORDS) for _ in range(12))}]})
         + "\n" for i in range(80)))
-    models = build_tiny_target(home / "models" / "tiny-heldout", arch="qwen3")
+    models = tiny_model(home / "models" / "tiny-heldout", arch="qwen3")
 
     # The README's snippet, as written (a tiny target, a small drafter and few steps so that
     # it fits a test; no evaluation set given).

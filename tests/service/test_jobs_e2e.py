@@ -48,7 +48,7 @@ def test_probe_runs_to_success_with_events_log_and_progress(api, worker):
 
 
 def test_failing_probe_reports_typed_error_and_log_tail(api, worker):
-    job = api.submit(type="probe", params={"fail": True, "steps": 1})
+    job = api.submit(type="probe", params={"fail": True, "steps": 1, "import_torch": False})
     j = api.wait_job(job["id"])
     assert j["status"] == "failed"
     assert j["error"]["code"] == "probe_failed"
@@ -137,7 +137,9 @@ def test_a_stage_killed_from_outside_is_retried_once_then_fails_naming_signal_an
 def test_duplicate_delivery_runs_once(api, worker, home):
     from app.core.broker import send_run_job
 
-    job = api.submit(type="probe", params={"sleep_s": 0.5, "steps": 2})
+    # Running for 2 s when the duplicates come (without torch's import, ~3 s of CPU, that
+    # took the time before).
+    job = api.submit(type="probe", params={"sleep_s": 2.0, "steps": 2, "import_torch": False})
     api.wait_job(job["id"], ("running", "succeeded"), 30)
     send_run_job(job["id"], "cpu")  # the same message again
     send_run_job(job["id"], "cpu")
@@ -145,7 +147,7 @@ def test_duplicate_delivery_runs_once(api, worker, home):
     assert j["status"] == "succeeded"
     # The worker takes the cpu queue in order: once a job sent after the duplicates has
     # started, both duplicates have been taken and their claim found nothing.
-    after = api.submit(type="probe", params={"sleep_s": 0.1, "steps": 1})
+    after = api.submit(type="probe", params={"sleep_s": 0.1, "steps": 1, "import_torch": False})
     assert api.wait_job(after["id"])["status"] == "succeeded"
     evs = api.get(f"/v1/jobs/{job['id']}/events").json()["data"]
     starts = [e for e in evs if e["kind"] == "log" and "stage started" in e["data"]["message"]]

@@ -22,9 +22,9 @@ from tests.service.test_runs import _body, _dataset, _records
 
 @pytest.fixture(scope="module")
 def target(api, home):
-    from workers.stages.tinymodel import build_tiny_target
+    from tests.tiny import tiny_model
 
-    d = build_tiny_target(home / "models" / "tiny-plan-server", arch="qwen3")
+    d = tiny_model(home / "models" / "tiny-plan-server", arch="qwen3")
     r = api.post("/v1/targets", {"name": "tiny-plan-server", "path": str(d)})
     assert r.status_code == 201, r.text
     return r.json()

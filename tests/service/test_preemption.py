@@ -40,9 +40,9 @@ def stack():
 def _train_run(st: Stack, c) -> dict:
     """prepare -> train (online: hidden states from the HF target in-process, one stage
     process fewer than offline), 2 GPUs, priority 20, on a tiny Qwen3 target."""
-    from workers.stages.tinymodel import build_tiny_target
+    from tests.tiny import tiny_model
 
-    d = build_tiny_target(st.home / "models" / "tiny", arch="qwen3")
+    d = tiny_model(st.home / "models" / "tiny", arch="qwen3")
     tmpl = (shared_fixtures() / "chat_templates" / "qwen3_6.jinja").read_text()
     target = c.post("/v1/targets", json={"name": "tiny", "path": str(d), "chat_template": tmpl})
     assert target.status_code == 201, target.text
@@ -189,8 +189,9 @@ def test_preemptible_rules_per_type_and_admin_exemption(api, member):
     assert r.status_code == 403 and r.json()["error"]["param"] == "preemptible", r.text
     r = member.post("/v1/jobs", {"type": "prepare", "preemptible": True, "params": {}})
     assert r.status_code == 422 and r.json()["error"]["param"] == "preemptible", r.text
-    job = member.submit(type="probe", params={"sleep_s": 30}, preemptible=True)
-    plain = member.submit(type="probe", params={})
+    job = member.submit(type="probe", params={"sleep_s": 30, "import_torch": False},
+                        preemptible=True)
+    plain = member.submit(type="probe", params={"import_torch": False})
     try:
         assert job["preemptible"] is True and job["preemption"] is None
         assert plain["preemptible"] is False  # the default of a type that is not train

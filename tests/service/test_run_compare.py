@@ -13,9 +13,9 @@ from tests.tiny import counting_records, write_jsonl
 
 @pytest.mark.slow
 def test_three_drafters_one_prepare_ranked_report(api, worker, home, tmp_path):
-    from workers.stages.tinymodel import build_tiny_target
+    from tests.tiny import tiny_model
 
-    d = build_tiny_target(home / "models" / "tiny-compare", arch="qwen3")
+    d = tiny_model(home / "models" / "tiny-compare", arch="qwen3")
     t = api.post("/v1/targets", {"name": "tiny-compare", "path": str(d)}).json()
     f = write_jsonl(tmp_path / "chat.jsonl", counting_records(16))
     ds = cli(api, "dataset", str(f), "--name", "compare-chat")

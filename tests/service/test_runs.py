@@ -20,9 +20,9 @@ pytestmark = pytest.mark.both_backends
 def target(api, home, tmp_path_factory):
     """A tiny random Qwen3 in the model roots, registered with the Qwen3.6 template (it
     raises "No user query found in messages." on a [system, assistant] record)."""
-    from workers.stages.tinymodel import build_tiny_target
+    from tests.tiny import tiny_model
 
-    d = build_tiny_target(home / "models" / "tiny-run", arch="qwen3")
+    d = tiny_model(home / "models" / "tiny-run", arch="qwen3")
     tmpl = (shared_fixtures() / "chat_templates" / "qwen3_6.jinja").read_text()
     r = api.post("/v1/targets", {"name": "tiny", "path": str(d), "chat_template": tmpl})
     assert r.status_code == 201, r.text

@@ -124,7 +124,7 @@ def test_listings_render_stored_values_orjson_refuses(api):
     from app.core.db import unit_of_work
     from app.models import Job
 
-    job = api.submit(type="probe", priority=0, params={"steps": 1})
+    job = api.submit(type="probe", priority=0, params={"steps": 1, "import_torch": False})
     api.post(f"/v1/jobs/{job['id']}/hold")
     with unit_of_work() as s:
         s.execute(update(Job).where(Job.id == job["id"])
@@ -181,7 +181,7 @@ def test_nul_or_traversal_in_an_artifact_file_path_is_404(api, home):
 
 def test_concurrent_requests_with_one_idempotency_key_get_the_first_answer(api):
     key = f"race-{uuid.uuid4().hex}"
-    body = {"type": "probe", "priority": 0, "params": {"steps": 1}}
+    body = {"type": "probe", "priority": 0, "params": {"steps": 1, "import_torch": False}}
     out: list[httpx.Response] = []
     go = threading.Barrier(6)
 

@@ -35,7 +35,8 @@ def test_the_api_requeues_a_dead_workers_job_and_frees_its_gpus(lone):
     # fence_s (the stage is surely dead by then) plus one tick of the API's reaper
     bound = fence_s(settings) + settings.heartbeat_s
     with lone.client() as c:
-        r = c.post("/v1/jobs", json={"type": "probe", "gpus": 1, "params": {"sleep_s": 120}})
+        r = c.post("/v1/jobs", json={"type": "probe", "gpus": 1, "params": {
+            "sleep_s": 120, "import_torch": False}})
         assert r.status_code == 201, r.text
         jid = r.json()["id"]
         wait_for(lambda: c.get(f"/v1/jobs/{jid}").json()["status"] == "running", 60, 0.2,
@@ -74,7 +75,8 @@ def test_a_member_orders_their_own_jobs_within_their_band(api, member):
     assert me["max_priority"] == 50
     made = []
     for p in (0, 10, 50):  # their own order, up to the default
-        r = member.post("/v1/jobs", {"type": "probe", "priority": p, "params": {}})
+        r = member.post("/v1/jobs", {"type": "probe", "priority": p,
+                                     "params": {"import_torch": False}})
         assert r.status_code == 201, r.text
         made.append(r.json()["id"])
     # above it: a priority that would preempt others' default-priority work
@@ -89,7 +91,8 @@ def test_a_member_orders_their_own_jobs_within_their_band(api, member):
     # an admin grants a band, and withdraws it
     r = api.c.patch(f"/v1/users/{me['id']}", json={"max_priority": 70})
     assert r.status_code == 200 and r.json()["max_priority"] == 70, r.text
-    r = member.post("/v1/jobs", {"type": "probe", "priority": 70, "params": {}})
+    r = member.post("/v1/jobs", {"type": "probe", "priority": 70,
+                                 "params": {"import_torch": False}})
     assert r.status_code == 201, r.text
     made.append(r.json()["id"])
     e = _err(member.post("/v1/jobs", {"type": "probe", "priority": 71}), 403,
@@ -103,5 +106,5 @@ def test_a_member_orders_their_own_jobs_within_their_band(api, member):
     for jid in made:
         member.post(f"/v1/jobs/{jid}/cancel")
     # admins keep the whole range
-    job = api.submit(type="probe", priority=100, params={})
+    job = api.submit(type="probe", priority=100, params={"import_torch": False})
     api.post(f"/v1/jobs/{job['id']}/cancel")

@@ -116,7 +116,7 @@ def hookstack():
 
 def _cancelled_job(c: httpx.Client) -> str:
     """A job.cancelled event without a worker: a queued probe cancelled."""
-    r = c.post("/v1/jobs", json={"type": "probe", "params": {}})
+    r = c.post("/v1/jobs", json={"type": "probe", "params": {"import_torch": False}})
     assert r.status_code == 201, r.text
     assert c.post(f"/v1/jobs/{r.json()['id']}/cancel").status_code == 200
     return r.json()["id"]

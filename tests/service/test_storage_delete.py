@@ -21,9 +21,9 @@ from tests.stages.conftest import shared_fixtures
 
 @pytest.fixture(scope="module")
 def target(api, home) -> dict:
-    from workers.stages.tinymodel import build_tiny_target
+    from tests.tiny import tiny_model
 
-    d = build_tiny_target(home / "models" / "tiny-storage", arch="qwen3")
+    d = tiny_model(home / "models" / "tiny-storage", arch="qwen3")
     r = api.post("/v1/targets", {"name": "tiny-storage", "path": str(d)})
     assert r.status_code == 201, r.text
     return r.json()
@@ -112,7 +112,7 @@ def test_a_queued_job_whose_input_was_deleted_fails_naming_it(api, worker, membe
         a = s.get(Artifact, d["artifact_id"])
         a.deleted_at, a.deleted_by, a.bytes_freed = utcnow(), "retention", a.bytes
         s.get(Job, j["id"]).fingerprint = None  # as a job the scheduler has not seen yet
-    member.submit(type="probe")  # a scheduling pass
+    member.submit(type="probe", params={"import_torch": False})  # a scheduling pass
     done = member.wait_job(j["id"], timeout=30)
     assert done["status"] == "failed" and done["error"]["code"] == "input_deleted", done
     assert d["artifact_id"] in done["error"]["message"]
