@@ -74,12 +74,19 @@ def train_target(target_dir: Path, tokenized: Path, out: Path, steps: int = 60,
     body.embed_tokens.weight.requires_grad_(False)
     params = [rows_kept, *(q for n, q in body.named_parameters() if "embed_tokens" not in n)]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    batch = [torch.tensor([to_compact[t] for t in s]) for s in seqs]
+    # The rows of one length go through the body as one batch (the chat set's rows are all
+    # one length: one forward a step, not one a row); the loss is the sum of the rows' means.
+    by_len: dict[int, list[list[int]]] = {}
+    for s in seqs:
+        by_len.setdefault(len(s), []).append([to_compact[t] for t in s])
+    batches = [torch.tensor(b) for _, b in sorted(by_len.items())]
     for _ in range(steps):
         loss = torch.zeros(())
-        for ids in batch:
-            h = body(inputs_embeds=rows_kept[ids][None]).last_hidden_state[0, :-1]
-            loss = loss + torch.nn.functional.cross_entropy(h @ rows_kept.T, ids[1:])
+        for ids in batches:
+            h = body(inputs_embeds=rows_kept[ids]).last_hidden_state[:, :-1]
+            ce = torch.nn.functional.cross_entropy((h @ rows_kept.T).transpose(1, 2),
+                                                   ids[:, 1:], reduction="none")
+            loss = loss + ce.mean(1).sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
