@@ -110,13 +110,16 @@ def build_hidden_states(target_dir: Path, tokenized: Path, out: Path,
     model.model.norm.register_forward_hook(lambda _m, a, _o: captured.__setitem__("x", a[0]))
     out.mkdir(parents=True, exist_ok=True)
     rows = load_from_disk(str(tokenized)).with_format("torch")
+    done: dict[tuple[int, ...], torch.Tensor] = {}  # the chat set repeats its rows: one forward each
     with torch.no_grad():
         for i in range(len(rows)):
             ids = rows[i]["input_ids"][None]
-            o = model(input_ids=ids, output_hidden_states=True)
-            hs = torch.stack([o.hidden_states[j][0] for j in layer_ids] + [captured["x"][0]],
-                             dim=1)
-            save_file({"hidden_states": hs.contiguous(), "token_ids": ids[0].contiguous()},
+            key = tuple(ids[0].tolist())
+            if key not in done:
+                o = model(input_ids=ids, output_hidden_states=True)
+                done[key] = torch.stack([o.hidden_states[j][0] for j in layer_ids]
+                                        + [captured["x"][0]], dim=1).contiguous()
+            save_file({"hidden_states": done[key], "token_ids": ids[0].contiguous()},
                       str(out / f"hs_{i}.safetensors"))
     n = model.config.num_hidden_layers
     (out / "meta.json").write_text(json.dumps({"layer_ids": layer_ids, "last_layer_id": n}))
