@@ -31,9 +31,10 @@ TOPICS = ["a list", "a file", "a dict", "a string", "a socket", "a thread", "a q
 
 
 def _records() -> list[dict]:
-    out = []
+    out: list[dict] = []
     for i, topic in enumerate(TOPICS):
         ask = {"role": "user", "content": f"Write a Python helper {i} that handles {topic}."}
+        msgs: list[dict]
         if i % 3 == 0:
             msgs = [ask]
         elif i % 3 == 1:
@@ -60,11 +61,11 @@ def generated(demo_target, tmp_path_factory):
 
 
 def _prepare(tmp: Path, target: Path, ds_folder: Path, ds_meta: dict, **params):
-    spec = {"inputs": {"dataset": {"path": str(ds_folder), "meta": ds_meta},
-                       "target": target_input(target)},
-            "params": {"chat_template_kwargs": NO_THINK, **params},
-            "out_dir": str(tmp / "out"), "work_dir": str(tmp / "work"),
-            "events_path": str(tmp / "events.jsonl")}
+    spec: dict = {"inputs": {"dataset": {"path": str(ds_folder), "meta": ds_meta},
+                             "target": target_input(target)},
+                  "params": {"chat_template_kwargs": NO_THINK, **params},
+                  "out_dir": str(tmp / "out"), "work_dir": str(tmp / "work"),
+                  "events_path": str(tmp / "events.jsonl")}
     ctx = StageContext.from_spec(spec)
     try:
         summary = run_typed("prepare", spec, ctx)

@@ -106,7 +106,7 @@ def build_hidden_states(target_dir: Path, tokenized: Path, out: Path,
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    captured = {}
+    captured: dict[str, torch.Tensor] = {}
     model.model.norm.register_forward_hook(lambda _m, a, _o: captured.__setitem__("x", a[0]))
     out.mkdir(parents=True, exist_ok=True)
     rows = load_from_disk(str(tokenized)).with_format("torch")
