@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.stages.conftest import target_input
-from tests.stages.evaluate_support import make_drafter, write_tokenized
+from tests.stages.evaluate_support import MASK_TOKEN, make_drafter, write_tokenized
 from workers.stages.common import StageContext, StageError
 from tests.stages.typed import run_stage
 from workers.stages.evaluate.drafter import load_drafter, read_drafter
@@ -31,9 +31,19 @@ from tests.stages.records_support import write_dataset
 
 
 @pytest.fixture(scope="module")
-def dflash_dir(tiny_target, tmp_path_factory) -> Path:
+def tok(tiny_target):
+    """The tiny target's tokenizer, loaded once for the module (a load parses the 11 MB
+    tokenizer.json: about half a CPU-second); the tests only read it."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_target)
+
+
+@pytest.fixture(scope="module")
+def dflash_dir(tiny_target, tok, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dflash_untrained")
-    make_drafter(tiny_target, "dflash").save_pretrained(out)
+    make_drafter(tiny_target, "dflash",
+                 mask_token_id=tok.convert_tokens_to_ids(MASK_TOKEN)).save_pretrained(out)
     return out
 
 
@@ -93,12 +103,10 @@ def test_tau_formula_and_acceptance_stats():
 # -- lossless -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("which", ["dflash", "eagle3"])
-def test_lossless_untrained_drafter_equals_greedy(which, tiny_target, dflash_dir, eagle_dir):
-    from transformers import AutoTokenizer
-
+def test_lossless_untrained_drafter_equals_greedy(which, tiny_target, tok, dflash_dir,
+                                                  eagle_dir):
     d = read_drafter(dflash_dir if which == "dflash" else eagle_dir)
     model = load_target(tiny_target)
-    tok = AutoTokenizer.from_pretrained(tiny_target)
     eos = eos_ids(model, tok)
     proposer = make_proposer(load_drafter(d, tiny_target))
     runner = TargetRunner(model, d.aux_layer_ids)
@@ -117,10 +125,12 @@ def test_lossless_on_hybrid_target_rolls_back_linear_attention(tiny_target_q35, 
     """Qwen3.5 hybrid: rejected drafts must be rolled back from the gated-delta-net state."""
     from transformers import AutoTokenizer
 
-    make_drafter(tiny_target_q35, "dflash", aux=(1, 4, 8)).save_pretrained(tmp_path / "d")
+    tok = AutoTokenizer.from_pretrained(tiny_target_q35)
+    make_drafter(tiny_target_q35, "dflash", aux=(1, 4, 8),
+                 mask_token_id=tok.convert_tokens_to_ids(MASK_TOKEN)).save_pretrained(
+        tmp_path / "d")
     d = read_drafter(tmp_path / "d")
     model = load_target(tiny_target_q35)
-    tok = AutoTokenizer.from_pretrained(tiny_target_q35)
     eos = eos_ids(model, tok)
     proposer = make_proposer(load_drafter(d, tiny_target_q35))
     runner = TargetRunner(model, d.aux_layer_ids)
@@ -311,13 +321,10 @@ def test_stage_writes_report_plot_and_rejects_below_min_tau(tiny_target, dflash_
     assert art and art[0]["kind"] == "eval_report" and art[0]["path"] == "report"
 
 
-def test_tokenized_rows_with_eagle3_and_given_baseline(tiny_target, eagle_dir, dflash_dir,
+def test_tokenized_rows_with_eagle3_and_given_baseline(tiny_target, tok, eagle_dir, dflash_dir,
                                                        tmp_path):
     """kind=tokenized: tau_sim on the rows, prompts from their untrained part; a baseline
     drafter of another type is measured side by side."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_target)
     rows = [(q + [11, 22, 33, 44, 55, 66, 77, 88], [0] * len(q) + [1] * 8)
             for q in _prompts(tok, ["one", "two", "three"])]
     data = {"path": str(write_tokenized(tmp_path / "tok", rows)), "kind": "tokenized",
@@ -339,14 +346,11 @@ def test_tokenized_rows_with_eagle3_and_given_baseline(tiny_target, eagle_dir, d
 
 
 def test_no_better_than_untrained_is_rejected_by_default_naming_the_oov_share(
-        tiny_target, tmp_path):
+        tiny_target, tok, tmp_path):
     """Default params (min_tau 1.5, min_gain 0.2): a drafter whose draft vocabulary misses
     the target's answers is rejected, and the reason names the numbers and the cause."""
-    from transformers import AutoTokenizer
-
     from workers.stages.evaluate.data import prompts_from_dataset
 
-    tok = AutoTokenizer.from_pretrained(tiny_target)
     model = load_target(tiny_target)
     data = _dataset(tmp_path / "ds", n=3)
     # The prompts evaluate will use, and the target's answers to them (its references).
@@ -358,7 +362,8 @@ def test_no_better_than_untrained_is_rejected_by_default_naming_the_oov_share(
     unused = [t for t in range(1000, 5000) if t not in answer_ids][:256]
     rows = [([t], [1]) for t in unused]
     out = tmp_path / "oov_drafter"
-    make_drafter(tiny_target, "dflash", rows=rows, draft_vocab=256).save_pretrained(out)
+    make_drafter(tiny_target, "dflash", rows=rows, draft_vocab=256,
+                 mask_token_id=tok.convert_tokens_to_ids(MASK_TOKEN)).save_pretrained(out)
     spec = _spec(tmp_path, tiny_target, out, data,
                  {"num_prompts": 3, "max_new_tokens": 12,
                   "chat_template_kwargs": {"enable_thinking": False}})

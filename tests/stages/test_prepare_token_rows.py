@@ -31,9 +31,10 @@ TOPICS = ["a list", "a file", "a dict", "a string", "a socket", "a thread", "a q
 
 
 def _records() -> list[dict]:
-    out = []
+    out: list[dict] = []
     for i, topic in enumerate(TOPICS):
         ask = {"role": "user", "content": f"Write a Python helper {i} that handles {topic}."}
+        msgs: list[dict]
         if i % 3 == 0:
             msgs = [ask]
         elif i % 3 == 1:
@@ -60,11 +61,11 @@ def generated(demo_target, tmp_path_factory):
 
 
 def _prepare(tmp: Path, target: Path, ds_folder: Path, ds_meta: dict, **params):
-    spec = {"inputs": {"dataset": {"path": str(ds_folder), "meta": ds_meta},
-                       "target": target_input(target)},
-            "params": {"chat_template_kwargs": NO_THINK, **params},
-            "out_dir": str(tmp / "out"), "work_dir": str(tmp / "work"),
-            "events_path": str(tmp / "events.jsonl")}
+    spec: dict = {"inputs": {"dataset": {"path": str(ds_folder), "meta": ds_meta},
+                             "target": target_input(target)},
+                  "params": {"chat_template_kwargs": NO_THINK, **params},
+                  "out_dir": str(tmp / "out"), "work_dir": str(tmp / "work"),
+                  "events_path": str(tmp / "events.jsonl")}
     ctx = StageContext.from_spec(spec)
     try:
         summary = run_typed("prepare", spec, ctx)
@@ -162,22 +163,29 @@ def test_old_text_path_rows_differ_from_the_targets_ids(generated, prepared):
 END_IDS = (151643, 151645)  # <|endoftext|>, <|im_end|>
 
 
-def _greedy_mismatches(model, tok_rows, drop_end: bool = False) -> list[tuple[str, int]]:
+def _greedy_mismatches(model, tok_rows, drop_end: bool = False,
+                       memo: dict | None = None) -> list[tuple[str, int]]:
     """Trained runs that do not equal the target's greedy continuation of the tokens before
     them (unbatched, the run's length); drop_end: a run's final end-of-turn token is left
-    out of the comparison."""
+    out of the comparison. `memo` keeps the continuations generated, by context, across
+    calls: greedy decoding of n tokens is the first n of any longer greedy decoding of the
+    same context (the same forwards, step by step), so a context is generated once."""
     import torch
 
+    memo = {} if memo is None else memo
     bad = []
     for rid, ids, mask in tok_rows:
         for a, b in _runs(mask):
             if drop_end and b - a > 1 and ids[b - 1] in END_IDS:
                 b -= 1
-            inp = torch.tensor([ids[:a]])
-            with torch.inference_mode():
-                out = model.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
-                                     max_new_tokens=b - a, pad_token_id=0)
-            if out[0, a:].tolist() != ids[a:b]:
+            got = memo.get(tuple(ids[:a]))
+            if got is None or len(got) < b - a:   # none yet, or shorter (or ended early)
+                inp = torch.tensor([ids[:a]])
+                with torch.inference_mode():
+                    out = model.generate(inp, attention_mask=torch.ones_like(inp),
+                                         do_sample=False, max_new_tokens=b - a, pad_token_id=0)
+                got = memo[tuple(ids[:a])] = out[0, a:].tolist()
+            if got[:b - a] != ids[a:b]:
                 bad.append((rid, a))
     return bad
 
@@ -191,9 +199,10 @@ def test_greedy_continuation_of_every_row_prefix_is_its_trained_answer(demo_targ
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(demo_target, dtype=torch.float32).eval()
     (_, _, new_rows, _), (_, _, old_rows, _) = prepared
-    new_bad = _greedy_mismatches(model, new_rows)
-    old_bad = _greedy_mismatches(model, old_rows)
-    old_bad_body = _greedy_mismatches(model, old_rows, drop_end=True)
+    memo: dict = {}
+    new_bad = _greedy_mismatches(model, new_rows, memo=memo)
+    old_bad = _greedy_mismatches(model, old_rows, memo=memo)
+    old_bad_body = _greedy_mismatches(model, old_rows, drop_end=True, memo=memo)
     n_new = sum(len(_runs(m)) for _, _, m in new_rows)
     n_old = sum(len(_runs(m)) for _, _, m in old_rows)
     print(f"\ngreedy continuation differs from the trained answer: text path {len(old_bad)} "

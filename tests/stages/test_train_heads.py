@@ -4,6 +4,7 @@ untied one, and a drafter whose head is wrong is refused before any step is spen
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,12 @@ def _target_heads(target: Path) -> tuple[torch.Tensor, torch.Tensor]:
             model.get_output_embeddings().weight.detach())
 
 
+@pytest.fixture(scope="module")
+def target_heads():
+    """`_target_heads`, each target loaded once for this module (its tests only read them)."""
+    return functools.cache(_target_heads)
+
+
 def _job(tmp: Path, target: Path, tok: Path, **params):
     from tests.stages.typed import train_job
 
@@ -56,7 +63,7 @@ def test_tied_llama_target_safetensors_hold_no_lm_head(llama_targets):
 
 
 def test_trained_drafter_head_is_the_tied_embedding_on_the_draft_vocab(llama_targets,
-                                                                       tmp_path):
+                                                                       target_heads, tmp_path):
     """The train stage end to end (online HF hidden states, 2 steps): the saved drafter's
     lm_head holds the target's embedding rows of the draft vocabulary, in d2t order, and a
     reload rebuilds verifier_lm_head and embed_tokens from the target the same way."""
@@ -73,7 +80,7 @@ def test_trained_drafter_head_is_the_tied_embedding_on_the_draft_vocab(llama_tar
     finally:
         ctx.close()
     assert summary["steps"] == 2
-    embed, head = _target_heads(target)
+    embed, head = target_heads(target)
     assert torch.equal(embed, head)  # tied
     drafter = SpeculatorModel.from_pretrained(str(Path(spec["out_dir"]) / "drafter"))
     ids = torch.arange(64) + drafter.d2t          # draft row i is target token i + d2t[i]
@@ -83,11 +90,11 @@ def test_trained_drafter_head_is_the_tied_embedding_on_the_draft_vocab(llama_tar
     assert torch.equal(drafter.embed_tokens.weight, embed)
 
 
-def test_untied_target_head_is_its_own_lm_head(llama_targets, tmp_path):
+def test_untied_target_head_is_its_own_lm_head(llama_targets, target_heads, tmp_path):
     from workers.stages.train import build, heads
 
     target, tok = llama_targets["untied"]
-    embed, head = _target_heads(target)
+    embed, head = target_heads(target)
     assert not torch.equal(embed, head)
     _spec, job = _job(tmp_path, target, tok, drafter={"type": "dflash", "num_anchors": 16,
                                                       "block_size": 4,
@@ -99,7 +106,8 @@ def test_untied_target_head_is_its_own_lm_head(llama_targets, tmp_path):
 
 
 @pytest.mark.parametrize("wrong", ["embedding_for_untied_head", "rows_out_of_d2t_order"])
-def test_a_wrong_head_is_refused_by_the_train_stage(llama_targets, tmp_path, wrong):
+def test_a_wrong_head_is_refused_by_the_train_stage(llama_targets, target_heads, tmp_path,
+                                                   wrong):
     """What the check exists for: a head that is the embedding of an untied target (the
     fallback speculators takes when it finds no `lm_head.weight`), or the right rows in
     another order than d2t's. The stage stops with `drafter_head_mismatch`."""
@@ -107,7 +115,7 @@ def test_a_wrong_head_is_refused_by_the_train_stage(llama_targets, tmp_path, wro
 
     name = "untied" if wrong == "embedding_for_untied_head" else "tied"
     target, tok = llama_targets[name]
-    embed, head = _target_heads(target)
+    embed, head = target_heads(target)
     vocab = None if name == "untied" else 64
     _spec, job = _job(tmp_path, target, tok, drafter={"type": "dflash", "num_anchors": 16,
                                                       "block_size": 4,

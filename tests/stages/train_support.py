@@ -74,12 +74,19 @@ def train_target(target_dir: Path, tokenized: Path, out: Path, steps: int = 60,
     body.embed_tokens.weight.requires_grad_(False)
     params = [rows_kept, *(q for n, q in body.named_parameters() if "embed_tokens" not in n)]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    batch = [torch.tensor([to_compact[t] for t in s]) for s in seqs]
+    # The rows of one length go through the body as one batch (the chat set's rows are all
+    # one length: one forward a step, not one a row); the loss is the sum of the rows' means.
+    by_len: dict[int, list[list[int]]] = {}
+    for s in seqs:
+        by_len.setdefault(len(s), []).append([to_compact[t] for t in s])
+    batches = [torch.tensor(b) for _, b in sorted(by_len.items())]
     for _ in range(steps):
         loss = torch.zeros(())
-        for ids in batch:
-            h = body(inputs_embeds=rows_kept[ids][None]).last_hidden_state[0, :-1]
-            loss = loss + torch.nn.functional.cross_entropy(h @ rows_kept.T, ids[1:])
+        for ids in batches:
+            h = body(inputs_embeds=rows_kept[ids]).last_hidden_state[:, :-1]
+            ce = torch.nn.functional.cross_entropy((h @ rows_kept.T).transpose(1, 2),
+                                                   ids[:, 1:], reduction="none")
+            loss = loss + ce.mean(1).sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -99,17 +106,20 @@ def build_hidden_states(target_dir: Path, tokenized: Path, out: Path,
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    captured = {}
+    captured: dict[str, torch.Tensor] = {}
     model.model.norm.register_forward_hook(lambda _m, a, _o: captured.__setitem__("x", a[0]))
     out.mkdir(parents=True, exist_ok=True)
     rows = load_from_disk(str(tokenized)).with_format("torch")
+    done: dict[tuple[int, ...], torch.Tensor] = {}  # the chat set repeats its rows: one forward each
     with torch.no_grad():
         for i in range(len(rows)):
             ids = rows[i]["input_ids"][None]
-            o = model(input_ids=ids, output_hidden_states=True)
-            hs = torch.stack([o.hidden_states[j][0] for j in layer_ids] + [captured["x"][0]],
-                             dim=1)
-            save_file({"hidden_states": hs.contiguous(), "token_ids": ids[0].contiguous()},
+            key = tuple(ids[0].tolist())
+            if key not in done:
+                o = model(input_ids=ids, output_hidden_states=True)
+                done[key] = torch.stack([o.hidden_states[j][0] for j in layer_ids]
+                                        + [captured["x"][0]], dim=1).contiguous()
+            save_file({"hidden_states": done[key], "token_ids": ids[0].contiguous()},
                       str(out / f"hs_{i}.safetensors"))
     n = model.config.num_hidden_layers
     (out / "meta.json").write_text(json.dumps({"layer_ids": layer_ids, "last_layer_id": n}))
