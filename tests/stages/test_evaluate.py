@@ -202,6 +202,43 @@ def test_pre_norm_last_layer_is_the_norm_input(tiny_target):
     assert torch.allclose(model.get_decoder().norm(h8), hs[8], atol=1e-5)
 
 
+
+@pytest.mark.parametrize("which", ["tiny_target", "tiny_target_q35"])
+def test_verify_runs_the_head_lazily_and_agrees_with_a_full_forward(which, request):
+    """`verify` computes the head at slot 0 with the forward and the other slots only when
+    asked; its greedy tokens and aux equal a full forward's on the same cache."""
+    target = request.getfixturevalue(which)
+    model = load_target(target)
+    n = model.config.get_text_config().num_hidden_layers
+    runner = TargetRunner(model, [1, n])
+    prompt, block = list(range(300, 340)), [7, 11, 400, 401, 402, 9000, 5, 6]
+    runner.new_cache()
+    runner.forward(prompt, last_logits_only=True)
+    full = runner.forward(block)
+    runner.new_cache()
+    runner.forward(prompt, last_logits_only=True)
+    v = runner.verify(block)
+    assert len(v._greedy) == 1  # slot 0 only, until more is asked
+    assert v.greedy(0) == int(full.logits[0, 0].argmax())
+    assert [v.greedy(i) for i in range(len(block))] == full.logits[0].argmax(-1).tolist()
+    assert torch.allclose(v.aux, full.aux, atol=1e-5)
+    runner.new_cache()
+    runner.forward(prompt, last_logits_only=True)
+    every = runner.verify(block, every_slot=True)  # the head on every slot in the forward
+    assert every._greedy == full.logits[0].argmax(-1).tolist()
+    runner.new_cache()
+    runner.forward(prompt, last_logits_only=True)
+    v = runner.verify(block)
+    # Its cache rolls back like a forward's: keep anchor + 1 accepted draft, then go on.
+    runner.rollback(len(block) - 2)
+    nxt = runner.forward([v.greedy(1)])
+    runner.new_cache()
+    runner.forward(prompt, last_logits_only=True)
+    runner.forward(block)
+    runner.rollback(len(block) - 2)
+    ref = runner.forward([v.greedy(1)])
+    assert torch.allclose(nxt.logits, ref.logits, atol=1e-5)
+
 # -- the fit check: refused before any compute ------------------------------------------------
 
 def _other_target(folder: Path, **cfg) -> Path:

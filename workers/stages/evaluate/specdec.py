@@ -50,18 +50,19 @@ def speculative_greedy(runner: TargetRunner, proposer: Any, prompt: list[int], m
     while new < max_new and seq[-1] not in eos:
         anchors.append(len(seq) - 1)
         draft = proposer.propose(seq)
-        step = runner.forward([seq[-1]] + draft)
-        greedy = step.logits[0].argmax(-1).tolist()  # greedy[i]: target token after slot i
+        # step.greedy(i): the target's token after slot i. The head runs on every slot at
+        # once after a step that accepted a draft, else first on the anchor's slot alone.
+        step = runner.verify([seq[-1]] + draft, every_slot=bool(accepted and accepted[-1]))
         commit: list[int] = []
         for i, d in enumerate(draft):
-            if d != greedy[i]:
+            if d != step.greedy(i):
                 break
             commit.append(d)
             if d in eos:
                 break
         n_acc = len(commit)
         if not (commit and commit[-1] in eos):
-            commit.append(greedy[n_acc])  # the bonus token
+            commit.append(step.greedy(n_acc))  # the bonus token
         accepted.append(n_acc)
         # The cache now holds anchor + K drafts; keep anchor + accepted drafts.
         runner.rollback(len(draft) - n_acc)
