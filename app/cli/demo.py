@@ -34,7 +34,7 @@ DATA = REPO / "demo" / "data"
 # docs/FIELD-NOTES.md "The whole pipeline fits a laptop demo": the settings that gave tau 5.2.
 # 16 of the 32 held-out prompts: half the evaluate stage's time (5 decoding passes), still
 # ~340 decoding steps of the trained drafter. Measured 2026-12-06 from an empty home and cache:
-# tau 4.50 vs 1.00 untrained on 16 prompts (5.11 on all 32 with the stages on 1 thread), 234 s.
+# tau 4.50 vs 1.00 untrained on 16 prompts (5.11 on all 32 with the stages on 1 thread), 221 s.
 FULL: dict[str, Any] = dict(target_steps=600, per_source=None, max_tokens=96, epochs=12, eval_prompts=16,
             max_steps=None)
 # --quick (the test suite's variant): every stage runs, each as briefly as still says something.
