@@ -47,12 +47,12 @@ def create_app() -> FastAPI:
     async def lifespan(_app: FastAPI):
         # The webhook outbox is sent from the API process; pending deliveries are in the DB,
         # so a restarted API picks up where the last one stopped.
-        announce(get_settings())  # the shared folder's marker (app/cluster/shared.py)
+        s = get_settings()
+        announce(s)  # the shared folder's marker (app/cluster/shared.py)
         # Lost jobs are reaped here too while no worker is alive to do it.
         sender, reaper = Sender(), ApiReaper()
         sender.start()
         reaper.start()
-        s = get_settings()
         if s.plan_server and s.plan_warm_up:
             PLAN_SERVER.warm_up()
         # Deletes a killed process left half-done are finished, rows without files reported

@@ -16,8 +16,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -160,36 +160,23 @@ def run_demo(json_out: bool = False, quick: bool = False, keep: bool = False) ->
     # Its plan comes seconds after the service is up: the plan server starts with it.
     os.environ.setdefault("DRAFTYARD_PLAN_WARM_UP", "1")
     t0 = time.time()
-    # The target builds while the service starts and ingests the data, which need no target.
-    built: dict[str, Any] = {}
-
-    def build() -> None:
-        try:
-            built["target"] = _build_target(models, cfg["target_steps"])
-        except BaseException as e:  # noqa: BLE001  re-raised in the demo's own thread below
-            built["error"] = e
-
-    # Not a daemon: the build's process is tied to this thread (procgroup.spawn), so the
-    # thread waits for it whatever happens to the service.
-    builder = threading.Thread(target=build, name="demo-target-build")
-    builder.start()
+    # The target builds while the service starts and ingests the data, which need no target,
+    # on a thread that waits for the build's process (procgroup.spawn ties a child to the
+    # thread that started it); `building.result()` re-raises a failed build.
+    pool = ThreadPoolExecutor(1, thread_name_prefix="demo-target-build")
+    building = pool.submit(_build_target, models, cfg["target_steps"])
     port = int(os.environ.get("DRAFTYARD_DEMO_PORT", "8765"))
     try:
         proc = start_embedded(port)
     except BaseException:
-        builder.join()
+        pool.shutdown()  # waits for the build
         raise
     try:
         c = Client(f"http://127.0.0.1:{port}", (s.home / "admin_token").read_text().strip(),
                    timeout=180)
         console.print(f"dashboard: http://127.0.0.1:{port}/ui (token in {s.home / 'admin_token'})")
-        try:
-            data = ingest_data(c, cfg)
-        finally:
-            builder.join()
-        if "error" in built:
-            raise built["error"]
-        run = run_pipeline(c, built["target"], data, cfg)
+        data = ingest_data(c, cfg)
+        run = run_pipeline(c, building.result(), data, cfg)
         artifacts = print_report(c, run)
         rep = run.get("report") or {}
         console.print(f"\ndemo finished in {time.time() - t0:.0f} s; home {s.home}")
@@ -212,3 +199,4 @@ def run_demo(json_out: bool = False, quick: bool = False, keep: bool = False) ->
     finally:
         if not keep:
             stop(proc)
+        pool.shutdown()  # waits for the build

@@ -23,7 +23,7 @@ class Step:
 
 class Verify:
     """The target's greedy tokens after each slot of a verify forward, the head run lazily:
-    `greedy(0)` is computed with the forward, the others together on first use."""
+    the slots the forward computed (slot 0, or all), the others together on first use."""
 
     def __init__(self, greedy: list[int], hidden: Any, head: Any, aux: Any):
         self._greedy = greedy
@@ -82,10 +82,7 @@ class TargetRunner:
         self.cache = out.past_key_values
         if not (with_hidden and self.aux_ids):
             return Step(out.logits, None, None)
-        hs = out.hidden_states
-        last = self._pre_norm
-        parts = [last if i == self.num_layers else hs[i] for i in self.aux_ids]
-        return Step(out.logits, torch.cat(parts, dim=-1), last)
+        return Step(out.logits, self._aux(out.hidden_states), self._pre_norm)
 
     def verify(self, token_ids: list[int], every_slot: bool = False) -> Verify:
         """A verify forward of [anchor, d_1..d_K]: like `forward`, but the full-vocabulary
@@ -102,16 +99,21 @@ class TargetRunner:
             out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
                              output_hidden_states=True, logits_to_keep=first)
         self.cache = out.past_key_values
-        hs = out.hidden_states
-        aux = None
-        if self.aux_ids:
-            last = self._pre_norm
-            aux = torch.cat([last if i == self.num_layers else hs[i] for i in self.aux_ids],
-                            dim=-1)
-        # hs[-1]: the final norm's output, what the head reads (the logits of position 0
-        # are the head of hs[-1][:, 0]).
-        return Verify(out.logits[0].argmax(-1).tolist(), hs[-1],
-                      self.model.get_output_embeddings(), aux)
+        # hidden_states[-1]: the final norm's output, what the head reads (the logits of
+        # slot 0 are the head of hidden_states[-1][:, 0]).
+        return Verify(out.logits[0].argmax(-1).tolist(), out.hidden_states[-1],
+                      self.model.get_output_embeddings(), self._aux(out.hidden_states))
+
+    def _aux(self, hs: tuple) -> Any:
+        """The aux layers' hidden states side by side ([1, q, len(aux_ids) * hidden]), id N
+        the final norm's input (the forward's pre-hook); None without aux layers."""
+        if not self.aux_ids:
+            return None
+        import torch
+
+        last = self._pre_norm
+        return torch.cat([last if i == self.num_layers else hs[i] for i in self.aux_ids],
+                         dim=-1)
 
     def rollback(self, n_tokens: int) -> None:
         """Forget the last `n_tokens` tokens (rejected draft tokens) from the cache."""
@@ -127,11 +129,7 @@ class TargetRunner:
             ids = torch.tensor([token_ids], dtype=torch.long, device=self.model.device)
             with torch.no_grad():
                 out = self.model(input_ids=ids, use_cache=False, output_hidden_states=True)
-            hs = out.hidden_states
-            last = self._pre_norm
-            parts = [last if i == self.num_layers else hs[i] for i in self.aux_ids]
-            aux = torch.cat(parts, dim=-1) if parts else None
-            return Step(out.logits, aux, last)
+            return Step(out.logits, self._aux(out.hidden_states), self._pre_norm)
         finally:
             self.cache = saved
 
