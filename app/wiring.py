@@ -9,11 +9,11 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from app.datasets.service import on_job_status as dataset_follows_job
-from app.jobs.lifecycle import StatusChanged, subscribe, subscribe_wake
+from app.jobs.lifecycle import StatusChanged, subscribe, subscribe_place, subscribe_wake
 from app.jobs.states import TERMINAL, JobStatus
 from app.runs.service import on_job_status as run_follows_job
 from app.jobs.service import add_event
-from app.scheduler.nudge import nudge_after_commit
+from app.scheduler.nudge import nudge_after_commit, place_now
 from app.scheduler.reads import no_gpu_node_reason
 from app.scheduler.service import SCHEDULING
 from app.storage.retention import on_job_status as retention_follows_job
@@ -50,3 +50,4 @@ def wire() -> None:
     subscribe(_webhooks)
     subscribe(_say_no_node_fits)
     subscribe_wake(nudge_after_commit)
+    subscribe_place(place_now)

@@ -21,12 +21,12 @@ from app.jobs.inputs import InputDeleted, resolve
 from app.jobs.logs import read_tail
 from app.jobs.service import (
     add_event,
-    cas_status,
     requeue,
     requeue_preempted,
     retry_killed,
     transition,
 )
+from app.jobs.service import claim as claim_job
 from app.jobs.states import JobStatus as S
 from app.models import Artifact, Gpu, Job
 from app.scheduler.reaper import fence_s, give_up_s
@@ -45,16 +45,8 @@ def claim(job_id: str, node: str) -> bool:
     """dispatched -> running, once: a duplicate delivery (or a stale one for another node)
     finds nothing to claim."""
     with unit_of_work() as s:
-        job = s.get(Job, job_id)
-        if job is None or job.status != S.dispatched.value:
-            return False
-        if job.gpus_requested and job.node != node:
-            return False
-        now = db_now(s)
-        # preempt_by=None: a request to yield was for the attempt before this one.
-        return cas_status(s, job_id, S.dispatched, S.running, started_at=now, heartbeat_at=now,
-                          node=node, worker=f"{socket.gethostname()}:{os.getpid()}",
-                          preempt_by=None)
+        return claim_job(s, job_id, node, worker=f"{socket.gethostname()}:{os.getpid()}",
+                         now=db_now(s))
 
 
 def _job_dir(job_id: str) -> Path:

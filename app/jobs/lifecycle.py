@@ -26,6 +26,7 @@ Listener = Callable[[Session, StatusChanged], None]
 Waker = Callable[[Session], None]
 _listeners: list[Listener] = []
 _wakers: list[Waker] = []
+_placers: list[Waker] = []
 
 
 def subscribe(fn: Listener) -> None:
@@ -37,6 +38,18 @@ def subscribe(fn: Listener) -> None:
 def subscribe_wake(fn: Waker) -> None:
     if fn not in _wakers:
         _wakers.append(fn)
+
+
+def subscribe_place(fn: Waker) -> None:
+    if fn not in _placers:
+        _placers.append(fn)
+
+
+def submitted(session: Session) -> None:
+    """A submit whose transaction commits next: whoever schedules may place the new job
+    inside that transaction (app/scheduler/nudge.place_now) instead of after the commit."""
+    for fn in list(_placers):
+        fn(session)
 
 
 def queue_changed(session: Session) -> None:

@@ -17,6 +17,7 @@ from app.core.jsonresp import SafeJSONResponse
 from app.core.paths import hider, shown
 from app.core.reads import typed
 from app.jobs import logs, service
+from app.jobs.lifecycle import submitted
 from app.jobs.params import validate_params
 from app.jobs.render import job_model, job_models, read_job
 from app.jobs.schemas import JobCreate, JobList, JobRead, PreemptibleUpdate, PriorityUpdate
@@ -29,9 +30,12 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 def create_job(body: JobCreate, user: CurrentUser, session: SessionDep,
                idempotency_key: str | None = Header(None)):
     def make():
-        job = service.create_job(session, user, body, validate_params=validate_params)
-        return job_model(job)
-    return idempotent(session, user, idempotency_key, body.model_dump(mode="json"), make)
+        return job_model(service.create_job(session, user, body,
+                                            validate_params=validate_params))
+    out = idempotent(session, user, idempotency_key,
+                     body.model_dump(mode="json") if idempotency_key else None, make)
+    submitted(session)  # placed by the commit that creates it, when the scheduler is free
+    return out
 
 
 @router.get("", response_model=JobList)

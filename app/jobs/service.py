@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, Table, select, text, update
 from sqlalchemy.orm import Session
 
 from app.core.auth import Principal
 from app.core.config import get_settings
-from app.core.db import rowcount, utcnow
+from app.core.db import is_sqlite, rowcount, utcnow
 from app.core.errors import ApiError, Conflict, Forbidden, Invalid, NotFound
 from app.core.ids import new_id
 from app.core.pagination import Page, paginate
@@ -89,6 +90,43 @@ def cas_status(session: Session, job_id: str, old: S, new: S, **fields: Any) -> 
     job = session.get(Job, job_id)  # the ORM update above synchronised it if it was loaded
     if job is not None:
         _after(session, job, old.value, new)
+    return True
+
+
+# dispatched -> running and the status event in one statement, for the node that took the
+# message: a GPU job only on the node that holds its GPUs, a CPU job on any. Returns the job's
+# row as it now is (none: nothing to claim), so announcing the change reads nothing more.
+_CLAIM_PG = text("""
+WITH j AS (UPDATE jobs SET status = :to, node = :node, worker = :worker, started_at = :now,
+                           heartbeat_at = :now, preempt_by = NULL
+           WHERE id = :id AND status = :from AND (gpus_requested = 0 OR node = :node)
+           RETURNING *),
+e AS (INSERT INTO job_events (job_id, at, kind, data)
+      SELECT :id, :now, 'status', CAST(:data AS json) FROM j)
+SELECT * FROM j""").columns(*cast(Table, Job.__table__).c)
+_CLAIMED_JOB = select(Job).from_statement(_CLAIM_PG).execution_options(populate_existing=True)
+
+
+def claim(session: Session, job_id: str, node: str, *, worker: str, now: datetime) -> bool:
+    """dispatched -> running, once, for the worker on `node` that took the job's message:
+    a duplicate delivery, a stale one for another node, or a job cancelled since it was
+    dispatched finds nothing to claim (False). preempt_by is cleared: a request to yield was
+    for the attempt before this one."""
+    old, new = S.dispatched, S.running
+    check(old, new)
+    if is_sqlite(session):
+        job = session.get(Job, job_id)
+        if job is None or (job.gpus_requested and job.node != node):
+            return False
+        return cas_status(session, job_id, old, new, started_at=now, heartbeat_at=now,
+                          node=node, worker=worker, preempt_by=None)
+    data = json.dumps({"from": old.value, "to": new.value})
+    job = session.scalars(_CLAIMED_JOB, {"id": job_id, "from": old.value, "to": new.value,
+                                         "node": node, "worker": worker, "now": now,
+                                         "data": data}).first()
+    if job is None:
+        return False
+    _after(session, job, old.value, new)
     return True
 
 

@@ -1,4 +1,5 @@
-"""Run one scheduling decision now (after a commit that may have freed or queued work)."""
+"""Run one scheduling decision now: after a commit that may have freed or queued work, or
+inside a submit's own transaction when the scheduler lock is free (`place_now`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import threading
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from app.core.db import after_commit, unit_of_work
-from app.scheduler.service import schedule_once
+from app.core.db import after_commit, is_sqlite, unit_of_work
+from app.scheduler.service import SCHEDULING, schedule_once, try_lock
 
 log = logging.getLogger("draftyard.scheduler")
 
@@ -60,3 +61,29 @@ def nudge_after_commit(session: Session) -> None:
     if not session.info.get("_nudge_registered"):
         session.info["_nudge_registered"] = True
         after_commit(session, nudge)
+
+
+def place_now(session: Session) -> None:
+    """The placement pass of a submit inside the submit's own transaction, when the scheduler
+    lock is free now: the job is placed by the commit that creates it, without the second
+    transaction (a session, BEGIN, the lock, COMMIT) of the nudge after commit, which this
+    pass then replaces. The lock held by another pass, or a pass that fails (in a savepoint:
+    the submit itself stands): the nudge after commit runs, as for every other change. SQLite
+    (embedded mode) keeps the nudge: its one writer has nothing to race."""
+    if not session.info.get("_nudge_registered") or is_sqlite(session):
+        return
+    was = session.info.get(SCHEDULING)
+    try:
+        with session.begin_nested():
+            if not try_lock(session):
+                return
+            schedule_once(session, with_reasons=False, locked=True)
+    except OperationalError as e:  # lock timeout, deadlock on lease rows: the nudge retries
+        log.warning("placement in the submit's transaction failed: %s", e)
+        return
+    finally:
+        session.info[SCHEDULING] = was  # later changes in this session wake the scheduler
+    hooks = session.info.get("after_commit", [])
+    if nudge in hooks:  # this pass saw everything the nudge would: it is the pass
+        hooks.remove(nudge)
+        session.info.pop("_nudge_registered", None)  # a later change asks for one again

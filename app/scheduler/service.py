@@ -138,14 +138,16 @@ def _promote_and_reuse(session: Session, ids: list[str]) -> bool:
 
 
 def schedule_once(session: Session, *, with_reasons: bool = True,
-                  on_locked: Callable[[], None] | None = None) -> list[str]:
+                  on_locked: Callable[[], None] | None = None, locked: bool = False) -> list[str]:
     """One decision. Returns the ids of jobs dispatched (their tasks go out after commit).
 
     `with_reasons`: also refresh `queue_position`/`pending_reason` of the first
     REASONS_TOP waiting jobs (only rows whose value changed are written).
-    `on_locked`: called once the scheduler lock is held, before anything is read."""
+    `on_locked`: called once the scheduler lock is held, before anything is read.
+    `locked`: the caller holds the lock already (`try_lock`)."""
     session.info[SCHEDULING] = True
-    lock(session)
+    if not locked:
+        lock(session)
     if on_locked is not None:
         on_locked()
     now = utcnow()
