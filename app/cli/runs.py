@@ -20,7 +20,7 @@ from typing import Optional
 import typer
 
 from app.cli.report import print_report
-from app.cli.view import (TERMINAL, console, fail, follow_jobs, help_later, human_size,
+from app.cli.view import (TERMINAL, console, fail, follow_jobs, hanging, help_later, human_size,
                           make_table, num,
                           owner_names,
                           print_error,
@@ -44,15 +44,16 @@ def print_plan(plan: dict, seconds: float | None = None, log=console.print) -> N
     took = f" ({seconds:.1f} s)" if seconds is not None else ""
     log(f"plan{took}: {'[green]ok[/green]' if plan['ok'] else '[red]has errors[/red]'}")
     for ch in plan["checks"]:
-        log(f"  [{'green' if ch['ok'] else 'red'}]{'ok ' if ch['ok'] else 'ERR'}[/] "
-            f"{ch['name']}: {ch['message']}")
+        log(hanging(f"  {'ok ' if ch['ok'] else 'ERR'}", f"{ch['name']}: {ch['message']}",
+                    "green" if ch["ok"] else "red"))
     for f in (plan.get("failures") or [])[:10]:
-        log(f"  record {f.get('id', '?')} ({f.get('source', '?')}): {f.get('reason', '')}")
+        log(hanging("  record", f"{f.get('id', '?')} ({f.get('source', '?')}): "
+                                f"{f.get('reason', '')}"))
     more = len(plan.get("failures") or []) - 10
     if more > 0:
         log(f"  ... and {more} more records")
     for w in plan.get("warnings") or []:
-        log(f"  [yellow]warning[/yellow] {w}")
+        log(hanging("  warning", w, "yellow"))
     print_time_estimates(plan.get("time_estimates") or {}, log)
 
 

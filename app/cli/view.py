@@ -100,6 +100,18 @@ def human_size(n: float | None) -> str:
     return ""
 
 
+def hanging(label: str, text: str, style: str = "") -> Table:
+    """`label text` with the text's wrapped lines under its first, not at the margin (a
+    plan's check at 80 columns reads as one item, never as words at column 0)."""
+    from rich.text import Text
+
+    t = Table.grid(padding=(0, 1))
+    t.add_column(no_wrap=True, style=style)
+    t.add_column(ratio=1)
+    t.add_row(label, Text(text))
+    return t
+
+
 def print_failures(job: dict, indent: str = "  ", log=None) -> None:
     """The records a job dropped, by id, input line, reason and message: from its
     error's details when it stopped on its failure budget, else from its summary."""

@@ -134,6 +134,10 @@ def test_init_run_sets_generate_for_prompt_only_data_and_the_plan_says_what_to_a
     out.write_text(json.dumps(body))
     plan = tty(api, "plan", str(out))
     assert plan.rc == 1 and "needs_generate" in plan.text, plan
+    # a check, a record or a warning wrapped at 80 columns goes on under its text, never at
+    # the margin: every line is the plan's head, the estimates' head, or indented
+    assert all(ln.startswith(("plan", "time estimates", "  ")) or not ln.strip()
+               for ln in plan.text.splitlines()), plan.text
     flat = " ".join(plan.text.split())
     assert "add stages.generate" in flat and "raise stages.prepare.max_reject_share" not in flat
 
