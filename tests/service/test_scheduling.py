@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
+from datetime import datetime
 
 import pytest
 from sqlalchemy import select
@@ -448,11 +449,15 @@ def test_priority_hold_release_and_drain(api, nodes):
 
 def test_killed_worker_job_requeued_and_finishes_on_other_node(api, nodes):
     (u,) = make_users(api, 1, "kill")
-    job = probe(u, 8, 6.0)
+    # Long enough to be running still when its worker is killed (the kill follows the stage's
+    # first log event, ~0.5 s after it starts; 3 s leaves room on a loaded box), short because
+    # attempt 2 sleeps it again after the requeue, which waits out fence_s (15 s) anyway.
+    job = probe(u, 8, 3.0)
     j = api.wait_job(job["id"], ("running",), 30)
     victim, survivor = j["node"], ("sB" if j["node"] == "sA" else "sA")
     pid = _stage_pid(api, job["id"])
     t_kill = time.time()
+    since_start = t_kill - datetime.fromisoformat(j["started_at"]).timestamp()
     nodes.kill(victim)  # SIGKILL to the worker's whole process group
 
     # the stage dies with its worker (its own session, but PDEATHSIG): it never runs twice
@@ -474,7 +479,8 @@ def test_killed_worker_job_requeued_and_finishes_on_other_node(api, nodes):
     ns = {n["name"]: n for n in api.get("/v1/nodes").json()["data"]}
     assert not ns[victim]["alive"] and not ns[victim]["schedulable"]
     assert all(g["job_id"] is None for g in ns[victim]["gpus"])
-    print(f"requeued and finished {took:.1f}s after the kill")
+    print(f"killed {since_start:.1f}s after attempt 1 started (it sleeps 3 s); requeued and "
+          f"finished {took:.1f}s after the kill")
 
 
 
