@@ -457,7 +457,7 @@ def test_killed_worker_job_requeued_and_finishes_on_other_node(api, nodes):
     victim, survivor = j["node"], ("sB" if j["node"] == "sA" else "sA")
     pid = _stage_pid(api, job["id"])
     t_kill = time.time()
-    since_start = t_kill - datetime.fromisoformat(j["started_at"]).timestamp()
+    since_start = t_kill - _started(j)
     nodes.kill(victim)  # SIGKILL to the worker's whole process group
 
     # the stage dies with its worker (its own session, but PDEATHSIG): it never runs twice
@@ -491,6 +491,11 @@ def _stage_pid(api, job_id: str) -> int:
                                  None), 20, 0.2, "stage pid")
 
 
+def _started(job: dict) -> float:
+    """The job's started_at, as a Unix time."""
+    return datetime.fromisoformat(job["started_at"]).timestamp()
+
+
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -510,7 +515,9 @@ def test_requeued_job_is_fenced_from_its_old_worker(api, nodes):
     from app.scheduler.service import lock
 
     (u,) = make_users(api, 1, "fence")
-    job = probe(u, 4, 8.0)
+    # Each attempt sleeps 3 s: attempt 1 is taken from its worker ~0.3 s after it starts,
+    # and attempt 2 is checked while it runs, ~0.2 s after its start (printed below).
+    job = probe(u, 4, 3.0)
     api.wait_job(job["id"], ("running",), 30)
     old_pid = _stage_pid(api, job["id"])
     with unit_of_work() as s:  # what reap() does to a job it believes lost (GPUs freed too)
@@ -527,6 +534,9 @@ def test_requeued_job_is_fenced_from_its_old_worker(api, nodes):
     wait_for(lambda: any(f"job {job['id']} attempt 1: no longer owned" in p.tail(400)
                          for p in nodes.procs.values()), 30, 0.2,
              "the old attempt's worker to give the job up")
+    # attempt 2 must still be running here: 0.2 s after its start (measured at load 3)
+    print(f"the old worker gave the job up {time.time() - _started(j):.2f} s after attempt 2 "
+          "started (it sleeps 3 s)")
     j = api.job(job["id"])
     assert j["node"] == on
     assert j["status"] == "running" and len(j["gpus_assigned"]) == 4
