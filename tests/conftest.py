@@ -262,8 +262,8 @@ class GpuWorkers:
         self.api = api
         self.procs: dict[str, Proc] = {}
 
-    def start(self, name: str) -> Proc:
-        p = self.procs[name] = start_worker(name, "0")
+    def start(self, name: str, env: dict | None = None) -> Proc:
+        p = self.procs[name] = start_worker(name, "0", env)
         wait_for(lambda: any(n["name"] == name and n["schedulable"] and n["gpus_free"] == 1
                              and n["info"].get("pid") == p.pid
                              for n in self.api.get("/v1/nodes").json()["data"]),

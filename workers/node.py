@@ -22,7 +22,7 @@ from app.scheduler.service import lock
 from procgroup import PARENT_ENV, group_alive, groups_where
 from workers.celery_app import app
 from workers.join import check_can_join, check_database
-from workers.supervisor import DATA_SERVER, STOP
+from workers.supervisor import DATA_SERVER, STAGE_SERVER, STOP
 
 log = logging.getLogger("draftyard.node")
 
@@ -139,6 +139,8 @@ def run_worker(node: str, gpus_decl: str | None, concurrency: int | None = None,
         # The data stages' warm starter, now rather than with the first of them (whose wall
         # would take its ~0.6 s start): CPU jobs are this box's daily bread.
         DATA_SERVER.warm_up()
+    if s.stage_server and s.stage_warm_up:
+        STAGE_SERVER.warm_up()
     stop = threading.Event()
     keeper = threading.Thread(target=_housekeeping, args=(node, stop), daemon=True,
                               name="housekeeping")

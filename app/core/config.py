@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     # imported already, instead of a fresh process each paying ~5 CPU-s of imports; false: a
     # fresh process per stage.
     stage_server: bool = True
+    # Start that model stage starter with the worker instead of with its first model stage
+    # (~5 CPU-s of imports the first generate or train would wait for): for a worker that
+    # is about to run one, like a box that joins to take over a lost job's retry.
+    stage_warm_up: bool = False
     # The per-GPU rates behind the plan's time estimates, as a JSON object overriding any of
     # workers/stages/plan_time.py DEFAULT_RATES (e.g. {"decode_tokens_per_s_per_gpu": 2400}
     # measured for the target on this hardware).

@@ -20,6 +20,20 @@ from tests.conftest import wait_for
 N = 24
 
 
+def _model_starter_of(pid: int) -> bool:
+    """Is a model stage starter (workers/stages/starter.py --profile model) a child of `pid`?"""
+    for d in Path("/proc").iterdir():
+        try:
+            if not d.name.isdigit() or int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) != pid:
+                continue
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"workers.stages.starter" in argv and b"model" in argv:
+            return True
+    return False
+
+
 def test_sigkill_worker_mid_generate_then_retry_every_record_once(api, worker, home,
                                                                  gpu_workers):
     from tests.tiny import tiny_model
@@ -55,7 +69,17 @@ def test_sigkill_worker_mid_generate_then_retry_every_record_once(api, worker, h
     done_at_kill = sum(pq.read_metadata(shards / n).num_rows for n in before)
     assert 0 < done_at_kill < N, done_at_kill
 
-    gpu_workers.start("gk2")  # the reaper finds gk1 lost and requeues the job; gk2 runs attempt 2
+    # The reaper finds gk1 lost and requeues the job (fence_s, 15 s, after gk1's last
+    # heartbeat); gk2 runs attempt 2. gk2 starts its model stages' starter as it registers
+    # (DRAFTYARD_STAGE_WARM_UP), so its ~5 CPU-s of imports overlap that wait instead of
+    # following it (~12 s of wall on a loaded 2-core box).
+    w2 = gpu_workers.start("gk2", env={"DRAFTYARD_STAGE_WARM_UP": "1"})
+    wait_for(lambda: _model_starter_of(w2.pid), 30, 0.1, "gk2's model stage starter")
+    # ... before attempt 2's stage asked for it: only attempt 1's stage has started yet
+    starts = [e["data"]["message"] for e in
+              api.get(f"/v1/jobs/{job['id']}/events?limit=1000").json()["data"]
+              if e["kind"] == "log" and "stage started" in e["data"]["message"]]
+    assert len(starts) == 1, starts
     j = api.wait_job(job["id"], timeout=400)
     assert j["status"] == "succeeded", j
     evs = api.get(f"/v1/jobs/{job['id']}/events?limit=1000").json()["data"]

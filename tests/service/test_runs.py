@@ -153,8 +153,10 @@ def test_run_with_bad_stage_params_is_422_naming_the_stage_field(api, worker, ta
 
 @pytest.fixture
 def gpu_node(gpu_workers):
-    """A worker of its own declaring one GPU, stopped and marked offline after the test."""
-    gpu_workers.start("runs-gpu")
+    """A worker of its own declaring one GPU, stopped and marked offline after the test. It
+    starts its model stages' starter as it registers (DRAFTYARD_STAGE_WARM_UP): the imports
+    overlap the stages before train instead of delaying train's start."""
+    gpu_workers.start("runs-gpu", env={"DRAFTYARD_STAGE_WARM_UP": "1"})
     return "runs-gpu"
 
 

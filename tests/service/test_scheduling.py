@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
+from datetime import datetime
 
 import pytest
 from sqlalchemy import select
@@ -448,11 +449,15 @@ def test_priority_hold_release_and_drain(api, nodes):
 
 def test_killed_worker_job_requeued_and_finishes_on_other_node(api, nodes):
     (u,) = make_users(api, 1, "kill")
-    job = probe(u, 8, 6.0)
+    # Long enough to be running still when its worker is killed (the kill follows the stage's
+    # first log event, ~0.5 s after it starts; 3 s leaves room on a loaded box), short because
+    # attempt 2 sleeps it again after the requeue, which waits out fence_s (15 s) anyway.
+    job = probe(u, 8, 3.0)
     j = api.wait_job(job["id"], ("running",), 30)
     victim, survivor = j["node"], ("sB" if j["node"] == "sA" else "sA")
     pid = _stage_pid(api, job["id"])
     t_kill = time.time()
+    since_start = t_kill - _started(j)
     nodes.kill(victim)  # SIGKILL to the worker's whole process group
 
     # the stage dies with its worker (its own session, but PDEATHSIG): it never runs twice
@@ -474,7 +479,8 @@ def test_killed_worker_job_requeued_and_finishes_on_other_node(api, nodes):
     ns = {n["name"]: n for n in api.get("/v1/nodes").json()["data"]}
     assert not ns[victim]["alive"] and not ns[victim]["schedulable"]
     assert all(g["job_id"] is None for g in ns[victim]["gpus"])
-    print(f"requeued and finished {took:.1f}s after the kill")
+    print(f"killed {since_start:.1f}s after attempt 1 started (it sleeps 3 s); requeued and "
+          f"finished {took:.1f}s after the kill")
 
 
 
@@ -483,6 +489,11 @@ def _stage_pid(api, job_id: str) -> int:
                                   for e in api.get(f"/v1/jobs/{job_id}/events").json()["data"]
                                   if e["kind"] == "log" and "pid" in e["data"].get("message", "")),
                                  None), 20, 0.2, "stage pid")
+
+
+def _started(job: dict) -> float:
+    """The job's started_at, as a Unix time."""
+    return datetime.fromisoformat(job["started_at"]).timestamp()
 
 
 def _gone(pid: int) -> bool:
@@ -504,7 +515,9 @@ def test_requeued_job_is_fenced_from_its_old_worker(api, nodes):
     from app.scheduler.service import lock
 
     (u,) = make_users(api, 1, "fence")
-    job = probe(u, 4, 8.0)
+    # Each attempt sleeps 3 s: attempt 1 is taken from its worker ~0.3 s after it starts,
+    # and attempt 2 is checked while it runs, ~0.2 s after its start (printed below).
+    job = probe(u, 4, 3.0)
     api.wait_job(job["id"], ("running",), 30)
     old_pid = _stage_pid(api, job["id"])
     with unit_of_work() as s:  # what reap() does to a job it believes lost (GPUs freed too)
@@ -521,6 +534,9 @@ def test_requeued_job_is_fenced_from_its_old_worker(api, nodes):
     wait_for(lambda: any(f"job {job['id']} attempt 1: no longer owned" in p.tail(400)
                          for p in nodes.procs.values()), 30, 0.2,
              "the old attempt's worker to give the job up")
+    # attempt 2 must still be running here: 0.2 s after its start (measured at load 3)
+    print(f"the old worker gave the job up {time.time() - _started(j):.2f} s after attempt 2 "
+          "started (it sleeps 3 s)")
     j = api.job(job["id"])
     assert j["node"] == on
     assert j["status"] == "running" and len(j["gpus_assigned"]) == 4

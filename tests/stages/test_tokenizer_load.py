@@ -85,3 +85,46 @@ def test_a_later_load_skips_torch_gives_autotokenizers_tokenizer_and_follows_cha
     before = memos()
     assert describe(load_auto_tokenizer(remote))["class"] == "Qwen2Tokenizer"
     assert memos() == before
+
+
+def test_a_preloaded_tokenizer_is_what_forked_loads_get_until_its_folder_changes(
+        tmp_path, monkeypatch):
+    """The warm plan server's preload (workers/stages/starter.py): a load of the same folder,
+    here or in a forked child, is the preloaded tokenizer; a file that changed loads again."""
+    from workers.stages import tokenizer_load as tl
+
+    monkeypatch.setenv("DRAFTYARD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(tl, "_PRELOADED", {})
+    folder = _copy(tmp_path, "q3")
+    assert tl.load_auto_tokenizer(folder) is not tl.load_auto_tokenizer(folder)  # none kept
+    assert tl.preload(folder)
+    tok = tl.load_auto_tokenizer(folder)
+    assert tl.load_auto_tokenizer(folder) is tok and tl.preload(folder)
+    want = describe(tok)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # what a plan forked by the server does
+        try:
+            got = tl.load_auto_tokenizer(folder)
+            os.write(w, json.dumps({"same": got is tok, **describe(got)}).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        child = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert child.pop("same") is True and child == want
+    # The folder's files changed (an edited template, a new file): loaded again, and the
+    # next preload replaces the folder's entry instead of adding one.
+    cfg = folder / "tokenizer_config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "model_max_length": 4096}))
+    fresh = tl.load_auto_tokenizer(folder)
+    assert fresh is not tok and fresh.model_max_length == 4096
+    assert tl.preload(folder) and len(tl._PRELOADED) == 1
+    assert tl.load_auto_tokenizer(folder) is not tok
+    # At most PRELOAD_MAX folders; code in the folder (auto_map) is never preloaded.
+    for i in range(tl.PRELOAD_MAX + 1):
+        assert tl.preload(_copy(tmp_path, f"more{i}"))
+    assert len(tl._PRELOADED) == tl.PRELOAD_MAX
+    remote = _copy(tmp_path, "r", tok_config={"auto_map": {"AutoTokenizer": ["tok.MyTok", None]}})
+    assert not tl.preload(remote) and not tl.preload(tmp_path / "nowhere")

@@ -8,7 +8,10 @@ every run submitted. This server imports a profile's modules once and then forks
 per request. Each stage or plan still runs in a process of its own that exits when it is
 done (a crash, a hang or a memory blow-up is that child's), from the server's clean state:
 the server itself never runs a stage, so nothing one child loads or caches is seen by the
-next. Profiles:
+next, with one exception: the plan server loads each plan's target tokenizer before it forks
+the plan (read-only, and loaded again when the folder's files change:
+workers/stages/tokenizer_load.py `preload`), so that plans of one target skip that load.
+Profiles:
 - `plan` (the API's, app/plans/service.py): the plan's tokenizer and template core.
 - `model` (each worker's, workers/supervisor.py): torch, transformers and speculators, for
   the stages that load a model (MODEL_STAGES: contracts/jobtypes.py `model_stage`).
@@ -47,6 +50,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -113,6 +117,35 @@ def warm(profile: str) -> None:
     for name in ("PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer",
                  "Qwen3ForCausalLM", "Qwen3Config"):
         getattr(transformers, name, None)
+
+
+def _preload_plan_tokenizer(spec_path: str) -> None:
+    """Load the tokenizer of the plan's target in this server, so that the plan forked next
+    inherits it (~0.5 CPU-s a plan for the Qwen3 tokenizer). Its paths are checked as the
+    stage checks them; whatever goes wrong is the plan's to find and report. The spec is read
+    only when it is a regular file (opened without blocking): this loop must never wait on
+    a FIFO or a device, which a plan's own deadline handles in its child."""
+    try:
+        from contracts.resolved import PlanInputs
+        from contracts.spec import StageSpec
+        from workers.stages.common import check_roots
+        from workers.stages.tokenizer_load import preload
+
+        fd = os.open(spec_path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > 8 * 2**20:
+                return
+            with os.fdopen(os.dup(fd), "rb") as f:
+                raw = f.read()
+        finally:
+            os.close(fd)
+        spec = StageSpec.model_validate_json(raw)
+        inputs = PlanInputs.model_validate(spec.inputs)
+        check_roots(inputs, spec.roots)
+        preload(inputs.target.tokenizer)
+    except Exception:  # noqa: BLE001  the plan loads it (or fails) itself
+        pass
 
 
 def _redirect(fd: int, path: Path, append: bool) -> None:
@@ -280,6 +313,8 @@ class Server:
                 conn.sendall(json.dumps({"error": why}).encode() + b"\n")
             conn.close()
             return
+        if req["stage"] == "plan":
+            _preload_plan_tokenizer(str(req["spec"]))
         pid = fork_child()  # its own group: a stop reaches what the child started, too
         if pid == 0:
             _child(conn, lst, req, self._wake)
