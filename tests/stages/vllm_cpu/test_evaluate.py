@@ -8,7 +8,9 @@ Opt-in (`make test-vllm`); skips without the vLLM venv.
 
 The drafter: the train stage (offline hidden states) on the tiny target (head_dim 32, see
 conftest.py) briefly trained on a repetitive chat set (tests/stages/train_support.py), so
-acceptance is high on prompts of that set. The evaluate stage runs from the vLLM venv (its
+acceptance is high on prompts of that set. `mtp` fine-tunes the target's own MTP layer, so it
+is trained on the tiny Qwen3.5 hybrid given one (conftest.py `vllm_mtp_data`) and compared with
+that hybrid served alone. The evaluate stage runs from the vLLM venv (its
 `vllm` measure starts `vllm serve` from there), with draftyard installed in it by
 `make test-vllm`.
 """
