@@ -124,7 +124,7 @@ bench-vllm-serve: real-target vllm-install
 # evaluated on held-out ShareGPT and HumanEval beside untrained and prompt lookup. An hour or
 # more on 2 cores, so not part of `make bench`; its service home (bench/out/quality/) is kept,
 # so a rerun reuses every finished stage. QUALITY_ARGS='--seeds 1 --answer-tokens 24' for a
-# quick look.
+# quick look; QUALITY_ARGS='--drafters peagle,dspark,mtp' for any other registered drafter type.
 QUALITY_SIZES ?= 20,40,80
 bench-quality: install real-target
 	nice -n 5 $(PY) bench/quality.py --sizes $(QUALITY_SIZES) $(QUALITY_ARGS)

@@ -9,8 +9,12 @@ Through the API of an embedded service, as a team would run it (`make bench-qual
    --eval-prompts are the held-out evaluation set, never trained on; the training sets are
    the next N of the rest for each size of --sizes (nested: 20 is inside 40). HumanEval's
    prompts are the second evaluation set.
-3. Per size (and, at the smallest, per seed of --seeds) one run naming both drafters
-   (docs/compare-drafters.md): generate (the target's own greedy answers of
+3. Per size (and, at the smallest, per seed of --seeds) one run naming the drafters of
+   --drafters (any type of contracts/drafters.py's registry; DFlash and EAGLE-3 by default,
+   docs/compare-drafters.md), each with --spec-tokens speculative tokens. A drafter the
+   plan (POST /v1/plans) says the target cannot have (mtp: SmolLM2 has no native MTP
+   layers) is not run: its row says "not applicable" with the plan's reason. Each run:
+   generate (the target's own greedy answers of
    --answer-tokens), prepare, extract (float32), and per drafter train and evaluate on the
    held-out ShareGPT prompts (`stages.evaluate.data`); then per trained drafter one evaluate
    job on HumanEval. Every evaluate measures greedy speculative decoding (tau, acceptance
@@ -49,9 +53,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench._common import result  # noqa: E402
+from contracts.drafters import DRAFTERS, drafter_types  # noqa: E402
 
 BENCH = "quality"
-METHODS = ("dflash", "eagle3")
+# Every registered drafter type can be asked for (contracts/drafters.py, the one list); the
+# default is the two the targets below judge.
+METHODS = drafter_types()
+DEFAULT_METHODS = ("dflash", "eagle3")
 EVAL_SETS = ("sharegpt", "humaneval")
 STAGES = ("generate", "prepare", "extract", "train", "evaluate", "evaluate_humaneval")
 TARGET_TAU = 2.5       # issue target: DFlash on held-out ShareGPT prompts, largest size
@@ -89,7 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--spec-tokens", type=int, default=3,
                     help="speculative tokens (DFlash block = this + 1, EAGLE-3 ttt steps)")
-    ap.add_argument("--drafters", default=",".join(METHODS))
+    ap.add_argument("--drafters", default=",".join(DEFAULT_METHODS),
+                    help=f"comma-separated, among {', '.join(METHODS)}; one the target cannot "
+                         "have (the plan says why) gets a 'not applicable' row")
     ap.add_argument("--home", default=str(REPO / "bench" / "out" / "quality"),
                     help="the service's home, kept between runs for reuse")
     ap.add_argument("--port", type=int, default=int(os.environ.get("DRAFTYARD_BENCH_PORT",
@@ -97,7 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds for everything")
     a = ap.parse_args(argv)
     a.sizes = sorted(set(_ints("--sizes", a.sizes, 1)))
-    a.drafters = [d for d in a.drafters.split(",") if d]
+    a.drafters = list(dict.fromkeys(d for d in a.drafters.split(",") if d))
     bad = [d for d in a.drafters if d not in METHODS]
     if bad or not a.drafters:
         raise SystemExit(f"--drafters: choose among {', '.join(METHODS)}, got {bad or 'none'}")
@@ -217,12 +227,20 @@ def _wall_text(vals: list[float | None], reused: int) -> str:
     return text or "-"
 
 
-def json_lines(cells: list[dict], sizes: list[int], methods: list[str]) -> list[dict]:
+def json_lines(cells: list[dict], sizes: list[int], methods: list[str],
+               na: dict[str, str] | None = None) -> list[dict]:
     """The bench/ JSON results: per method at the largest size, on held-out ShareGPT, tau
-    against the 2.5 target and against 1.5x prompt lookup; the curve's tau per doubling."""
+    against the 2.5 target and against 1.5x prompt lookup; the curve's tau per doubling. A
+    method the target cannot have (`na`: its plan reason) gets one line, judged neither way
+    (`pass` None), with the reason."""
     out: list[dict] = []
     big = max(sizes)
     for m in methods:
+        if na and m in na:
+            out.append({"bench": BENCH, "metric": f"{m}_tau_sharegpt_{big}", "value": None,
+                        "baseline": None, "ratio": None, "target": TARGET_TAU, "pass": None,
+                        "not_applicable": na[m]})
+            continue
         cs = [c for c in cells if c["method"] == m and c["n"] == big and c["eval_set"] ==
               "sharegpt" and c["tau"] is not None]
         if not cs:
@@ -309,10 +327,38 @@ def target(c, folder: Path) -> dict:
     return c.create_target(TARGET_NAME, str(folder), chat_template_kwargs=CHAT_KWARGS)
 
 
-def drafter_entries(a: argparse.Namespace) -> list[dict]:
-    own = {"dflash": {"block_size": a.spec_tokens + 1}, "eagle3": {"ttt_steps": a.spec_tokens}}
-    return [{"type": m, "name": m, "num_layers": 1, "draft_vocab_size": a.draft_vocab, **own[m]}
-            for m in a.drafters]
+def spec_option(method: str, spec_tokens: int) -> dict[str, int]:
+    """The option of a drafter type that sets its speculative tokens, read off its options
+    model (contracts/drafters.py): the integer field whose +1 moves `speculative_tokens()`
+    by +1 (DFlash's block_size = tokens + 1, EAGLE-3's ttt_steps = tokens, ...)."""
+    opts = DRAFTERS[method].options
+    base = opts()
+    for name, f in opts.model_fields.items():
+        default = getattr(base, name)
+        if f.annotation is not int or not isinstance(default, int):
+            continue
+        if opts(**{name: default + 1}).speculative_tokens() == base.speculative_tokens() + 1:
+            return {name: spec_tokens - base.speculative_tokens() + default}
+    raise ValueError(f"{method}: no option sets its speculative tokens")
+
+
+def drafter_entries(a: argparse.Namespace, methods: list[str] | None = None) -> list[dict]:
+    return [{"type": m, "name": m, "num_layers": 1, "draft_vocab_size": a.draft_vocab,
+             **spec_option(m, a.spec_tokens)}
+            for m in (a.drafters if methods is None else methods)]
+
+
+def not_applicable(plan: dict, methods: list[str]) -> dict[str, str]:
+    """{method: the plan's reason} for each drafter the plan (POST /v1/plans) says the target
+    cannot have (its failed `drafter_params:<name>` check, workers/stages/plan.py); any other
+    failed check stops the bench with the plan's messages."""
+    failed = {c["name"]: c["message"] for c in plan.get("checks") or [] if not c.get("ok")}
+    out = {m: failed.pop(f"drafter_params:{m}") for m in methods
+           if f"drafter_params:{m}" in failed}
+    if failed:
+        raise SystemExit("the plan refuses the run: " + "; ".join(
+            f"{k}: {v}" for k, v in failed.items()))
+    return out
 
 
 def eval_params(a: argparse.Namespace, n_prompts: int, seed: int) -> dict:
@@ -326,10 +372,11 @@ def priority(a: argparse.Namespace, n: int) -> int:
     return min(50 + 10 * a.sizes.index(n), 100)
 
 
-def run_body(a: argparse.Namespace, tgt: str, ds: str, heldout: str, n: int, seed: int) -> dict:
+def run_body(a: argparse.Namespace, tgt: str, ds: str, heldout: str, n: int, seed: int,
+             methods: list[str] | None = None) -> dict:
     return {"name": f"quality-{n}-s{seed}", "target_id": tgt, "dataset_id": ds,
             "priority": priority(a, n),
-            "drafters": drafter_entries(a), "mode": "offline",
+            "drafters": drafter_entries(a, methods), "mode": "offline",
             # Keep the hidden states (a few MB here): retention removes an offline run's once
             # its trains succeed (app/storage/retention.py), and a rerun of the bench would
             # then extract and train again instead of reusing them.
@@ -344,9 +391,10 @@ def run_body(a: argparse.Namespace, tgt: str, ds: str, heldout: str, n: int, see
 
 
 def measure(c, a: argparse.Namespace, tgt: dict, sets: dict[str, dict], humaneval: dict,
-            deadline: float) -> tuple[list[dict], list[dict]]:
-    """Submit every run (the service queues them on its CPU slots), then follow them; each
-    trained drafter also gets its HumanEval evaluate. Answers (cells, job rows)."""
+            deadline: float, methods: list[str]) -> tuple[list[dict], list[dict]]:
+    """Submit every run naming `methods` (the service queues them on its CPU slots), then
+    follow them; each trained drafter also gets its HumanEval evaluate. Answers (cells, job
+    rows)."""
     # The first seed of every size at once; the other seeds of the smallest once its shared
     # stages (generate, prepare, extract) have succeeded: a job reuses only a finished job,
     # so two identical ones queued together would both run.
@@ -355,7 +403,8 @@ def measure(c, a: argparse.Namespace, tgt: dict, sets: dict[str, dict], humaneva
     submitted: dict[tuple[int, int], float] = {}
 
     def submit(n: int, s: int) -> None:
-        body = run_body(a, tgt["id"], sets[f"train-{n}"]["id"], sets["heldout"]["id"], n, s)
+        body = run_body(a, tgt["id"], sets[f"train-{n}"]["id"], sets["heldout"]["id"], n, s,
+                        methods)
         r = c.create_run(body)
         runs[(n, s)] = r
         submitted[(n, s)] = time.monotonic()
@@ -379,7 +428,7 @@ def measure(c, a: argparse.Namespace, tgt: dict, sets: dict[str, dict], humaneva
                     submit(n, s)
                 continue
             js = {j["run_stage"]: j for j in c.list_jobs(run_id=runs[key]["id"], limit=100)["data"]}
-            for m in a.drafters if s < a.humaneval_seeds else []:
+            for m in methods if s < a.humaneval_seeds else []:
                 tr = js.get(f"train:{m}")
                 if tr and tr["status"] == "succeeded" and (n, s, m) not in he_jobs:
                     j = c.submit_job("evaluate", eval_params(a, a.humaneval_prompts, s),
@@ -393,16 +442,16 @@ def measure(c, a: argparse.Namespace, tgt: dict, sets: dict[str, dict], humaneva
                 j = js[failed[0]]
                 raise RuntimeError(f"N={n} seed {s}: {failed[0]} {j['status']}: {j['error']}")
             done_he = all((n, s, m) in he_jobs and c.get_job(he_jobs[(n, s, m)])["status"]
-                          in TERMINAL for m in a.drafters if s < a.humaneval_seeds)
+                          in TERMINAL for m in methods if s < a.humaneval_seeds)
             if js and all(j["status"] == "succeeded" for j in js.values()) and done_he:
                 pending.discard(key)
                 jobs_of[key] = js
                 log(f"N={n} seed {s}: done {time.monotonic() - submitted[key]:.0f} s after "
-                    f"submission; " + reuse_text(js, c, he_jobs, key, a.drafters))
+                    f"submission; " + reuse_text(js, c, he_jobs, key, methods))
         time.sleep(5)
     cells, rows = [], []
     for (n, s), js in sorted(jobs_of.items()):
-        for m in a.drafters:
+        for m in methods:
             evals = [("sharegpt", js[f"evaluate:{m}"])]
             if (n, s, m) in he_jobs:
                 evals.append(("humaneval", c.get_job(he_jobs[(n, s, m)])))
@@ -416,10 +465,10 @@ def measure(c, a: argparse.Namespace, tgt: dict, sets: dict[str, dict], humaneva
                               "per_position": meta.get("acceptance_rate_per_position") or [],
                               "verdict": meta.get("verdict"),
                               "verdict_reason": meta.get("verdict_reason")})
-        for key, j in js.items():
-            rows.append({"n": n, "seed": s, "key": key, "wall_s": job_wall(j),
+        for stage_key, j in js.items():
+            rows.append({"n": n, "seed": s, "key": stage_key, "wall_s": job_wall(j),
                          "reused_from": j.get("reused_from")})
-        for m in [m for m in a.drafters if (n, s, m) in he_jobs]:
+        for m in [m for m in methods if (n, s, m) in he_jobs]:
             j = c.get_job(he_jobs[(n, s, m)])
             rows.append({"n": n, "seed": s, "key": f"evaluate_humaneval:{m}",
                          "wall_s": job_wall(j), "reused_from": j.get("reused_from")})
@@ -436,9 +485,16 @@ def reuse_text(js: dict[str, dict], c, he_jobs: dict, key: tuple[int, int],
         f"; {sum(walls):.0f} s of stage time run" if walls else "; no stage ran")
 
 
-def report(cells: list[dict], rows: list[dict], a: argparse.Namespace) -> list[dict]:
+def report(cells: list[dict], rows: list[dict], a: argparse.Namespace,
+           na: dict[str, str] | None = None) -> list[dict]:
+    """The tables, curve and JSON lines; `na` (method: the plan's reason) are the drafters the
+    target cannot have, each printed as a 'not applicable' row instead of a table."""
+    na = na or {}
     for n in a.sizes:
         for m in a.drafters:
+            if m in na:
+                print(f"\n== N={n} prompts, {m}: not applicable: {na[m]}")
+                continue
             walls: dict[str, list[float | None]] = {}
             reused: dict[str, int] = {}
             for r in rows:
@@ -451,7 +507,7 @@ def report(cells: list[dict], rows: list[dict], a: argparse.Namespace) -> list[d
                     walls.setdefault(stage, []).append(r["wall_s"])
             print(size_table(n, m, [c for c in cells if c["n"] == n and c["method"] == m],
                              walls, reused))
-    print(curve_text(cells, a.drafters))
+    print(curve_text(cells, [m for m in a.drafters if m not in na]))
     rejected = [c for c in cells if c["verdict"] == "reject"]
     if rejected:
         c = rejected[0]
@@ -459,7 +515,7 @@ def report(cells: list[dict], rows: list[dict], a: argparse.Namespace) -> list[d
               f"{c['eval_set']}): {c['verdict_reason']}")
     print("# cells " + json.dumps([{k: v for k, v in c.items() if k != "verdict_reason"}
                                    for c in cells]))
-    out = json_lines(cells, a.sizes, a.drafters)
+    out = json_lines(cells, a.sizes, a.drafters, na)
     print(json.dumps(out))
     return out
 
@@ -499,11 +555,20 @@ def main(argv: list[str] | None = None) -> None:
                 f"({a.humaneval_prompts} of {len(he_lines)} prompts); sizes {a.sizes}, "
                 f"{a.seeds} seed(s) at {a.sizes[0]}, {a.answer_tokens}-token answers, "
                 f"{a.epochs} epochs")
-            cells, rows = measure(c, a, tgt, sets, humaneval, t0 + a.timeout)
+            # One plan of a run naming every asked drafter: the ones the target cannot have
+            # (e.g. mtp without native MTP layers) are reported with its reason, not run.
+            na = not_applicable(c.plan(run_body(a, tgt["id"], sets[f"train-{a.sizes[0]}"]["id"],
+                                                sets["heldout"]["id"], a.sizes[0], 0)),
+                                a.drafters)
+            for m, why in na.items():
+                log(f"{m}: not applicable: {why}")
+            methods = [m for m in a.drafters if m not in na]
+            cells, rows = (measure(c, a, tgt, sets, humaneval, t0 + a.timeout, methods)
+                           if methods else ([], []))
     finally:
         stop(proc)
     log(f"bench done in {time.time() - t0:.0f} s")
-    report(cells, rows, a)
+    report(cells, rows, a, na)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,12 @@ import math
 import pytest
 
 from bench import quality as q
+from contracts.drafters import DRAFTERS, drafter_types
+from app.plans.params import name_params
+from contracts.run import RunSpec
+from tests.stages.test_run_drafters import TARGET, _jobs
+from tests.stages.typed import run_stage
+from workers.stages.common import StageContext
 
 
 def _cell(n, seed, method, eval_set, tau, base=1.0, pl=1.1, pos=(0.1, 0.02, 0.0),
@@ -27,7 +33,8 @@ def test_flags_default_and_refuse_bad_values_by_name():
     assert a.humaneval_seeds == 3  # every seed on HumanEval too, unless told fewer
     assert q.parse_args(["--humaneval-seeds", "1"]).humaneval_seeds == 1
     for argv, flag in ((["--sizes", "20,x"], "--sizes"), (["--sizes", "0"], "--sizes"),
-                       (["--drafters", "medusa"], "--drafters"), (["--seeds", "0"], "--seeds"),
+                       (["--drafters", "medusa"], "--drafters"),
+                       (["--drafters", "dflash,medusa"], "--drafters"), (["--seeds", "0"], "--seeds"),
                        (["--answer-tokens", "0"], "--answer-tokens"),
                        (["--humaneval-seeds", "0"], "--humaneval-seeds"),
                        (["--draft-vocab", "8"], "--draft-vocab")):
@@ -100,3 +107,69 @@ def test_json_lines_judge_the_largest_size_against_both_targets():
     missing = q.json_lines(cells[:6], [20, 160], ["dflash"])
     assert missing[0]["value"] is None and missing[0]["pass"] is False
     assert math.isclose(q.spread([1.0, 1.2])[1] or 0, 0.1414, abs_tol=1e-3)
+
+
+def test_every_registered_drafter_can_be_asked_for_with_its_speculative_tokens():
+    assert q.METHODS == drafter_types() and set(q.METHODS) >= {"peagle", "dspark", "mtp"}
+    a = q.parse_args(["--drafters", ",".join(q.METHODS) + ",dflash", "--spec-tokens", "5"])
+    assert a.drafters == list(drafter_types())  # each once, in the order asked
+    entries = q.drafter_entries(a)
+    assert [e["type"] for e in entries] == a.drafters
+    # The same option the bench always set for the two it knew by name.
+    assert entries[0]["block_size"] == 6 and entries[1]["ttt_steps"] == 5
+    for e in entries:  # each drafts exactly --spec-tokens: its own option, read off the registry
+        opts = DRAFTERS[e["type"]].options
+        own = {k: v for k, v in e.items() if k in opts.model_fields}
+        assert len(own) == 1 and opts(**own).speculative_tokens() == 5, e
+    # ... and the service takes the bench's run body naming all of them.
+    by = {j.key: j for j in _jobs(q.run_body(a, "tgt_x", "ds_x", "ds_h", 20, 0))}
+    for e in entries:
+        assert by[f"train:{e['type']}"].params["drafter"] == {
+            k: v for k, v in e.items() if k != "name"}
+
+
+def _weighted(tmp_path, **config):
+    folder = tmp_path / "target"
+    folder.mkdir(exist_ok=True)
+    (folder / "model.safetensors").write_bytes(b"")  # the plan only asks that weights exist
+    return {**TARGET, "path": str(folder), "config": {**TARGET["config"], **config}}
+
+
+def _plan(run: dict, target: dict, tmp_path) -> dict:
+    """The plan stage itself (what POST /v1/plans answers), on a config-only target."""
+    ctx = StageContext(events_path=None, out_dir=tmp_path / "out", work_dir=tmp_path / "w")
+    out = run_stage("plan", {"params": {"run": run, "free_bytes_override": 1 << 40},
+                             "inputs": {"target": target, "dataset": None}}, ctx)
+    return name_params(out, RunSpec.model_validate(run))
+
+
+def test_the_plan_says_which_drafters_the_target_cannot_have(tmp_path):
+    a = q.parse_args(["--drafters", ",".join(q.METHODS)])
+    body = q.run_body(a, "tgt_x", "ds_x", "ds_h", 20, 0)
+    na = q.not_applicable(_plan(body, _weighted(tmp_path), tmp_path), a.drafters)
+    assert list(na) == ["mtp"]  # no mtp_num_hidden_layers in the target's config
+    assert "mtp_num_hidden_layers=None" in na["mtp"] and na["mtp"].endswith("(train:mtp)")
+    mtp_target = _weighted(tmp_path, mtp_num_hidden_layers=1)
+    assert q.not_applicable(_plan(body, mtp_target, tmp_path), a.drafters) == {}
+    # Any other refusal stops the bench with the plan's words, not a silent drop.
+    with pytest.raises(SystemExit, match="the plan refuses the run: target_weights: .*no weights"):
+        q.not_applicable(_plan(body, TARGET, tmp_path), a.drafters)
+
+
+def test_a_drafter_the_target_cannot_have_gets_a_row_with_the_reason(capsys):
+    a = q.parse_args(["--sizes", "20", "--seeds", "1", "--drafters", "peagle,dspark,mtp"])
+    cells = [_cell(20, 0, m, es, 1.1) for m in ("peagle", "dspark")
+             for es in ("sharegpt", "humaneval")]
+    rows = [{"n": 20, "seed": 0, "key": "generate", "wall_s": 100.0, "reused_from": None},
+            {"n": 20, "seed": 0, "key": "train:peagle", "wall_s": 200.0, "reused_from": None}]
+    why = "mtp fine-tunes the target's own ... mtp_num_hidden_layers=None ... (train:mtp)"
+    out = q.report(cells, rows, a, {"mtp": why})
+    text = capsys.readouterr().out
+    assert f"== N=20 prompts, mtp: not applicable: {why}" in text
+    assert "== N=20 prompts, peagle (1 seed(s))" in text and "train 200" in text
+    assert "== N=20 prompts, dspark (1 seed(s))" in text
+    assert "\nmtp " not in text.split("data-size curve")[1]  # no curve for it
+    by = {r["metric"]: r for r in out}
+    assert by["mtp_tau_sharegpt_20"]["not_applicable"] == why
+    assert by["mtp_tau_sharegpt_20"]["pass"] is None and by["mtp_tau_sharegpt_20"]["value"] is None
+    assert by["peagle_tau_sharegpt_20"]["value"] == pytest.approx(1.1)
