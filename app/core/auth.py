@@ -7,12 +7,14 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.core.config import get_settings
 from app.core.db import unit_of_work
 from app.core.errors import Forbidden, Unauthorized
 from app.core.ids import new_id
@@ -26,10 +28,24 @@ class Principal:
     id: str
     name: str
     role: str
+    # The highest job priority the user may set, as the token lookup found it (cached with the
+    # token: a change takes effect within the cache's ttl, as a revocation does); None where
+    # the principal was built without it (check_priority then reads the user).
+    top: int | None = None
 
     @property
     def is_admin(self) -> bool:
         return self.role == "admin"
+
+
+def max_priority(user: User | Any, role: str) -> int:
+    """The highest job priority a user may set: granted by an admin (users.max_priority), else
+    100 for admins and DRAFTYARD_MEMBER_MAX_PRIORITY for members. `user`: a User or a row
+    with its max_priority; None: not known (the role's)."""
+    granted = getattr(user, "max_priority", None)
+    if granted is not None:
+        return granted
+    return 100 if role == "admin" else get_settings().member_max_priority
 
 
 def hash_token(secret: str) -> str:
@@ -79,11 +95,12 @@ def lookup(session: Session, secret: str) -> Principal | None:
     if p:
         return p
     row = session.execute(
-        select(User.id, User.name, User.role).join(Token, Token.user_id == User.id)
+        select(User.id, User.name, User.role, User.max_priority)
+        .join(Token, Token.user_id == User.id)
         .where(Token.hash == h, Token.revoked_at.is_(None))).first()
     if row is None:
         return None
-    p = Principal(row.id, row.name, row.role)
+    p = Principal(row.id, row.name, row.role, max_priority(row, row.role))
     token_cache.put(h, p)
     return p
 

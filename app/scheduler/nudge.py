@@ -56,10 +56,14 @@ def nudge(with_reasons: bool = False) -> None:
         _stop_waiting()
 
 
+# The session-info key saying a nudge is registered to run after this transaction commits.
+NUDGE_ASKED = "_nudge_registered"
+
+
 def nudge_after_commit(session: Session) -> None:
     """One pass once this transaction commits, however many changes asked for it."""
-    if not session.info.get("_nudge_registered"):
-        session.info["_nudge_registered"] = True
+    if not session.info.get(NUDGE_ASKED):
+        session.info[NUDGE_ASKED] = True
         after_commit(session, nudge)
 
 
@@ -70,7 +74,7 @@ def place_now(session: Session) -> None:
     pass then replaces. The lock held by another pass, or a pass that fails (in a savepoint:
     the submit itself stands): the nudge after commit runs, as for every other change. SQLite
     (embedded mode) keeps the nudge: its one writer has nothing to race."""
-    if not session.info.get("_nudge_registered") or is_sqlite(session):
+    if not session.info.get(NUDGE_ASKED) or is_sqlite(session):
         return
     was = session.info.get(SCHEDULING)
     try:
@@ -86,4 +90,4 @@ def place_now(session: Session) -> None:
     hooks = session.info.get("after_commit", [])
     if nudge in hooks:  # this pass saw everything the nudge would: it is the pass
         hooks.remove(nudge)
-        session.info.pop("_nudge_registered", None)  # a later change asks for one again
+        session.info.pop(NUDGE_ASKED, None)  # a later change asks for one again

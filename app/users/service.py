@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.core.auth import Principal, issue_token, token_cache
+from app.core.auth import Principal, issue_token, max_priority, token_cache
 from app.core.config import get_settings
 from app.core.db import utcnow
 from app.core.errors import Conflict, Forbidden, NotFound
@@ -37,17 +37,10 @@ def create_user(session: Session, name: str, role: str,
     return user, tok, secret
 
 
-def max_priority(user: User | None, role: str) -> int:
-    """The highest job priority a user may set: granted by an admin (users.max_priority), else
-    100 for admins and DRAFTYARD_MEMBER_MAX_PRIORITY for members."""
-    if user is not None and user.max_priority is not None:
-        return user.max_priority
-    return 100 if role == "admin" else get_settings().member_max_priority
-
-
 def check_priority(session: Session, actor: Principal, priority: int) -> None:
     """Priority bands: a job above its owner's max is refused, saying why."""
-    top = max_priority(session.get(User, actor.id), actor.role)
+    top = actor.top if actor.top is not None else max_priority(session.get(User, actor.id),
+                                                                actor.role)
     if priority > top:
         raise Forbidden(
             f"priority {priority} is above your band (0-{top}): a job preempts running jobs of "
@@ -62,6 +55,7 @@ def set_max_priority(session: Session, user_id: str, value: int | None) -> User:
     if user is None:
         raise NotFound(f"user {user_id} not found", param="id")
     user.max_priority = value
+    token_cache.clear()  # the band travels with a cached token (Principal.top)
     return user
 
 
